@@ -1,0 +1,3 @@
+from cloudtrain.cli.app import main
+
+main()

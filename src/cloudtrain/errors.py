@@ -1,0 +1,69 @@
+"""One error hierarchy for the whole package.
+
+`UserError` and its subclasses are mistakes the user can fix (bad input, an unknown
+name, a malformed data file): the CLI prints their one-line message and exits 2.
+Any other `CloudtrainError` is a failure of the tool or its environment: exit 1.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class CloudtrainError(Exception):
+    """Base of every error cloudtrain raises on purpose."""
+
+
+class UserError(CloudtrainError):
+    """Something the user gave us is wrong; the message says what and how to fix it."""
+
+
+class DataError(UserError):
+    """A data file (CSV, TOML, trace) is malformed at a known place."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        problem: str,
+        *,
+        line: int | None = None,
+        column: str | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.line = line
+        self.column = column
+        self.problem = problem
+        where = self.path if line is None else f"{self.path}:{line}"
+        if column is not None:
+            where += f": column '{column}'"
+        super().__init__(f"{where}: {problem}")
+
+
+class UnknownNameError(UserError):
+    """A name (GPU, provider, preset, ...) that is not among the valid choices."""
+
+    def __init__(self, kind: str, name: str, choices: Iterable[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.choices = sorted(set(choices))
+        super().__init__(f"unknown {kind} '{name}'{did_you_mean(name, self.choices)}")
+
+
+class StoreVersionError(CloudtrainError):
+    """The run store was written by a newer cloudtrain than this one."""
+
+
+def did_you_mean(name: str, choices: Iterable[str], *, max_listed: int = 12) -> str:
+    """A suffix for error messages: '; did you mean X?' or the list of valid choices."""
+    options = sorted(set(choices))
+    by_lower = {c.lower(): c for c in options}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5)
+    if close:
+        return "; did you mean " + " or ".join(by_lower[c] for c in close) + "?"
+    if not options:
+        return ""
+    listed = ", ".join(options[:max_listed])
+    more = f", ... ({len(options)} in all)" if len(options) > max_listed else ""
+    return f"; valid choices: {listed}{more}"

@@ -1,0 +1,32 @@
+"""Where cloudtrain keeps its files.
+
+Everything lives under one directory, `CLOUDTRAIN_HOME` (default `~/.cloudtrain`):
+
+- `store.db`       the run store (SQLite)
+- `catalog/*.csv`  the user's own catalog rows (prices, GPUs, regions) and imports
+- `config.toml`    user-level configuration
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOME_ENV = "CLOUDTRAIN_HOME"
+DEFAULT_HOME = Path("~/.cloudtrain")
+
+
+def home_dir() -> Path:
+    """The cloudtrain home directory (not created here)."""
+    configured = os.environ.get(HOME_ENV)
+    return Path(configured).expanduser() if configured else DEFAULT_HOME.expanduser()
+
+
+def user_catalog_dir() -> Path:
+    """Directory of the user's catalog CSVs, merged over the bundled catalog."""
+    return home_dir() / "catalog"
+
+
+def store_path() -> Path:
+    """Default location of the run store."""
+    return home_dir() / "store.db"
