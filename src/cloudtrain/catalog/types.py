@@ -153,3 +153,35 @@ class Catalog:
     grid: list[GridIntensity] = field(default_factory=list)
     pue: list[ProviderPUE] = field(default_factory=list)
     exchange_rates: list[ExchangeRate] = field(default_factory=list)
+
+    # Lookups (implemented in cloudtrain.catalog.lookup; indexes are built on first use).
+
+    def gpu(self, name: str) -> GPUSpec:
+        """The GPU named `name` or one of its aliases; UnknownNameError with did-you-mean."""
+        from cloudtrain.catalog import lookup
+
+        return lookup.gpu(self, name)
+
+    def resolve_gpu(self, device_name: str) -> GPUSpec | None:
+        """The GPU a device string names ('NVIDIA A100-SXM4-80GB'); None if not in the catalog."""
+        from cloudtrain.catalog import lookup
+
+        return lookup.resolve_gpu(self, device_name)
+
+    def region(self, provider: str, region: str) -> Region | None:
+        """The listed region of a provider; None if not listed."""
+        from cloudtrain.catalog import lookup
+
+        return lookup.region(self, provider, region)
+
+    def carbon_intensity(self, provider: str, region: str) -> float | None:
+        """gCO2e/kWh of a region (its own figure, else its country's); None if unknown."""
+        from cloudtrain.catalog import lookup
+
+        return lookup.carbon_intensity(self, provider, region)
+
+    def pue_for(self, provider: str) -> float:
+        """The provider's PUE, else the documented default (lookup.DEFAULT_PUE)."""
+        from cloudtrain.catalog import lookup
+
+        return lookup.pue_for(self, provider)
