@@ -1,0 +1,177 @@
+"""Distributed setup: torchrun detection, process group, DDP/FSDP2 wrapping, and the
+few collectives the Trainer needs (agree on a flag, a minimum, a choice)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cloudtrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, from torchrun's environment variables."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def detect_env() -> DistEnv:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE from torchrun (default: one process)."""
+    get = os.environ.get
+    world = int(get("WORLD_SIZE", "1"))
+    return DistEnv(
+        int(get("RANK", "0")),
+        int(get("LOCAL_RANK", "0")),
+        world,
+        int(get("LOCAL_WORLD_SIZE", str(world))),
+    )
+
+
+def pick_device(requested: str, env: DistEnv) -> torch.device:
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device '{requested}' asked for but CUDA is not available; use 'cpu'")
+    if requested == "cuda":
+        return torch.device("cuda", env.local_rank)
+    return torch.device(requested)
+
+
+def init_process_group(env: DistEnv, device: torch.device) -> bool:
+    """Join the process group (nccl on CUDA, gloo on CPU); True when we created it."""
+    if not env.is_distributed or dist.is_initialized():
+        return False
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    return True
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def any_true(flag: bool, device: torch.device) -> bool:
+    """True on every rank when `flag` is True on any rank (one all_reduce)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def min_int(value: int, device: torch.device) -> int:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def broadcast_int(value: int, device: torch.device) -> int:
+    """Rank 0's `value` on every rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
+def mean_across_ranks(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= dist.get_world_size()
+    return t
+
+
+def resolve_parallelism(requested: str, env: DistEnv) -> str:
+    if requested == "auto":
+        return "ddp" if env.is_distributed else "none"
+    if requested in ("ddp", "fsdp") and not env.is_distributed:
+        return "none"  # a single process needs no wrapper; same code, same result
+    return requested
+
+
+def wrap_ddp(model: nn.Module, device: torch.device, compression: str | None) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    if compression is not None:
+        _register_compression(ddp, compression)
+    return ddp
+
+
+def _register_compression(ddp: nn.Module, kind: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if kind == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif kind == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif kind == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=10
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def wrap_fsdp(model: nn.Module, device: torch.device) -> nn.Module:
+    """FSDP2: shard every block of the model's ModuleLists, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for module in list(model.modules()):
+        if isinstance(module, nn.ModuleList):
+            for block in module:
+                fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def no_sync(wrapped: nn.Module, parallelism: str, skip_sync: bool):
+    """Context in which backward accumulates locally without gradient communication."""
+    if not skip_sync:
+        return contextlib.nullcontext()
+    if parallelism == "ddp":
+        return wrapped.no_sync()
+    if parallelism == "fsdp":
+        return _fsdp_no_sync(wrapped)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def agree_flags(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag True on every rank when it is True on any rank (one all_reduce)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return list(flags)
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]

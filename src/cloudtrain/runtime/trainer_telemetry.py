@@ -1,0 +1,180 @@
+"""The Trainer's reporting side: the run in the store, per-step records, the progress
+display, TensorBoard, evaluation and the final FitResult."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from cloudtrain.runtime.checkpoint import LoadedCheckpoint
+from cloudtrain.runtime.evaluation import evaluate
+from cloudtrain.runtime.precision import autocast
+from cloudtrain.runtime.progress import ProgressDisplay, Snapshot
+from cloudtrain.runtime.result import FitResult
+from cloudtrain.runtime.telemetry import (
+    RunRecorder,
+    TensorBoardSink,
+    device_peak,
+    host_info,
+    memory_gib,
+)
+from cloudtrain.runtime.trainstate import CheckpointClock, Meter
+
+
+class TelemetryMixin:
+    """Methods of Trainer that report (state lives on the Trainer)."""
+
+    # ------------------------------------------------------- telemetry
+    def _start_telemetry(self, loaded: LoadedCheckpoint | None) -> None:
+        cfg = self.config
+        main = self.env.is_main
+        self.peak = device_peak(self.device, self.precision.peak_dtype)
+        self.recorder = RunRecorder(cfg.store, enabled=main)
+        self.recorder.start(
+            name=cfg.run_name,
+            config=cfg.to_dict(),
+            host=host_info(self.device, self.env.world_size),
+            gpu_name=self.peak.gpu_name,
+            gpu_count=self.env.world_size if self.device.type == "cuda" else 0,
+            price_usd_per_hour=cfg.price_usd_per_hour,
+            continue_run=loaded.state["trainer"].get("run_id") if loaded is not None else None,
+        )
+        if loaded is not None:
+            self.recorder.event(
+                "resume",
+                f"resumed from step {loaded.step}",
+                path=str(loaded.path),
+                step=loaded.step,
+            )
+            self._say(f"resumed from {loaded.path} (step {loaded.step})")
+        self.tensorboard = TensorBoardSink(cfg.tensorboard_dir, enabled=main)
+        self.progress = ProgressDisplay(cfg.progress if main else False, cfg.max_steps, self.step)
+        self.meter = Meter(self.device, self.step)
+        self.clock = CheckpointClock(
+            cfg.checkpoint_every_seconds, cfg.mtbf_s, enabled=self.ckpt is not None
+        )
+        self.last_checkpoint = self.resumed_from
+        self.eval_loss: float | None = None
+        self.started_monotonic = time.monotonic()
+
+    def _log(self) -> None:
+        stats = self.meter.read(self.step)
+        if stats is None:
+            return
+        cfg = self.config
+        flops_step = self.flops_per_sample * self.local_batch if self.flops_per_sample else None
+        mfu = (
+            flops_step / stats.step_s / self.peak.peak_flops
+            if (flops_step and self.peak.peak_flops and stats.step_s > 0)
+            else None
+        )
+        allocated, reserved, peak = memory_gib(self.device)
+        self.last_mfu = mfu
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.env.is_main:
+            self.recorder.step(
+                step=self.step,
+                rank=0,
+                step_s=stats.step_s,
+                data_wait_s=stats.data_wait_s,
+                samples=cfg.global_batch_size,
+                tokens=stats.tokens,
+                loss=stats.loss,
+                lr=float(lr),
+                grad_norm=stats.grad_norm,
+                micro_batch=self.micro_batch_size,
+                mfu=mfu,
+                flops=flops_step,
+                memory_allocated_gib=allocated,
+                memory_reserved_gib=reserved,
+                memory_peak_gib=peak,
+                metrics=self._metric_keys(stats),
+            )
+            self.tensorboard.scalars(
+                self.step,
+                {
+                    "train/loss": stats.loss,
+                    "perf/mfu": mfu,
+                    "optim/lr": float(lr),
+                    **self._metric_keys(stats),
+                },
+            )
+            self.progress.update(
+                Snapshot(
+                    self.step,
+                    stats.loss,
+                    stats.samples_per_s(cfg.global_batch_size),
+                    stats.tokens_per_s(),
+                    mfu,
+                    self._cost_usd(),
+                )
+            )
+
+    def _metric_keys(self, stats) -> dict[str, float]:
+        keys = {"throughput/samples_per_sec": stats.samples_per_s(self.config.global_batch_size)}
+        if stats.tokens_per_s() is not None:
+            keys["throughput/tokens_per_sec"] = stats.tokens_per_s()
+        return keys
+
+    def _cost_usd(self) -> float | None:
+        price = self.config.price_usd_per_hour
+        if price is None:
+            return None
+        return price * (time.monotonic() - self.started_monotonic) / 3600.0
+
+    def _run_eval(self) -> None:
+        if self.eval_data is None:
+            return
+        self.eval_loss = evaluate(
+            self.wrapped,
+            self.eval_loss_fn,
+            self.eval_data,
+            micro_batch=self.micro_batch_size,
+            env=self.env,
+            device=self.device,
+            autocast_ctx=lambda: autocast(self.precision, self.device),
+            max_batches=self.config.eval_batches,
+            channels_last=self.channels_last,
+        )
+        if self.env.is_main:
+            self.tensorboard.scalars(self.step, {"eval/loss": self.eval_loss})
+        for cb in self.callbacks:
+            cb.on_eval(self, self.step, self.eval_loss)
+
+    def _say(self, message: str) -> None:
+        if self.env.is_main:
+            sys.stderr.write(f"cloudtrain: {message}\n")
+            sys.stderr.flush()
+
+    def _result(self, stopped_by: str) -> FitResult:
+        cfg = self.config
+        totals = self.meter.totals(self.step)
+        elapsed = time.monotonic() - self.started_monotonic
+        steps_run = self.step - self.start_step
+        flops_step = (
+            self.flops_per_sample * cfg.global_batch_size if self.flops_per_sample else None
+        )
+        return FitResult(
+            steps=self.step,
+            start_step=self.start_step,
+            stopped_by=stopped_by,
+            elapsed_s=elapsed,
+            samples_per_s=steps_run * cfg.global_batch_size / elapsed if steps_run else None,
+            tokens_per_s=totals.tokens / elapsed if totals.tokens and steps_run else None,
+            mfu=getattr(self, "last_mfu", None),
+            flops_per_step=flops_step,
+            final_loss=totals.last_loss,
+            eval_loss=self.eval_loss,
+            cost_usd=self._cost_usd(),
+            micro_batch_size=self.micro_batch_size,
+            global_batch_size=cfg.global_batch_size,
+            precision=self.precision.name,
+            device=self.device.type,
+            world_size=self.env.world_size,
+            checkpoint_dir=str(cfg.checkpoint_dir) if cfg.checkpoint_dir else None,
+            last_checkpoint=self.last_checkpoint,
+            resumed_from=self.resumed_from,
+            oom_adjustments=self.oom_adjustments,
+            run_id=self.recorder.run_id,
+            gpu_name=self.peak.gpu_name,
+        )

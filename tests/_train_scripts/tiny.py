@@ -1,0 +1,210 @@
+"""A tiny, fully deterministic training job used by the runtime tests.
+
+Importable (tests build the same job in-process) and runnable as a script (tests
+launch it in a subprocess or under torchrun and send it signals). The loss draws
+from Python's and NumPy's RNGs and the model has dropout, so a resume that fails to
+restore any RNG, or the data position, changes the losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from cloudtrain.runtime import Callback, TrainConfig, Trainer
+
+N_SAMPLES = 96
+N_FEATURES = 6
+
+
+def dataset() -> TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(N_SAMPLES, N_FEATURES, generator=g)
+    y = (x[:, :3].sum(1, keepdim=True) > 0).float()
+    return TensorDataset(x, y)
+
+
+class TinyNet(nn.Module):
+    """An MLP with dropout; `oom_above` makes forward raise a real torch.OutOfMemoryError
+    for micro-batches larger than it (a memory limit the CPU does not have)."""
+
+    def __init__(self, dropout: float = 0.2) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(N_FEATURES, 32), nn.Dropout(dropout), nn.Tanh(), nn.Linear(32, 1)
+        )
+        self.oom_above: int | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)  # dropout draws from the RNG before the limit bites
+        if self.oom_above is not None and x.shape[0] > self.oom_above:
+            raise torch.OutOfMemoryError(f"test limit: micro-batch {x.shape[0]} > {self.oom_above}")
+        return out
+
+
+def build_model(seed: int = 0, dropout: float = 0.2) -> TinyNet:
+    torch.manual_seed(seed)
+    return TinyNet(dropout)
+
+
+def noisy_loss(model: nn.Module, batch) -> torch.Tensor:
+    """BCE scaled by a factor drawn from Python's and NumPy's RNGs."""
+    x, y = batch
+    base = nn.functional.binary_cross_entropy_with_logits(model(x), y)
+    return base * (1.0 + 0.05 * random.random() + 0.05 * float(np.random.rand()))
+
+
+def plain_loss(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.binary_cross_entropy_with_logits(model(x), y)
+
+
+class LossLog(Callback):
+    """Losses by step, in memory and (optionally) appended to a JSON-lines file."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.losses: dict[int, float] = {}
+        self.path = Path(path) if path else None
+
+    def on_step_end(self, trainer, step, loss) -> None:
+        self.losses[step] = loss.item()
+        if self.path is not None and int(os.environ.get("RANK", "0")) == 0:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": step, "loss": self.losses[step]}) + "\n")
+
+
+class LimitMemory(Callback):
+    """On one rank, from step `after` on, micro-batches above `limit` run out of memory."""
+
+    def __init__(self, rank: int, after: int, limit: int) -> None:
+        self.rank, self.after, self.limit = rank, after, limit
+
+    def on_step_end(self, trainer, step, loss) -> None:
+        if step == self.after and int(os.environ.get("RANK", "0")) == self.rank:
+            trainer.model.oom_above = self.limit
+
+
+class SaveParams(Callback):
+    """The final parameters (gathered whole under FSDP), written by rank 0."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = path
+
+    def on_fit_end(self, trainer, result) -> None:
+        state = trainer.full_model_state()
+        if int(os.environ.get("RANK", "0")) == 0:
+            torch.save(state, self.path)
+
+
+def read_losses(path: str | Path) -> dict[int, float]:
+    """Losses by step from a LossLog file; a later line for a step wins (a redone step)."""
+    out: dict[int, float] = {}
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        out[row["step"]] = row["loss"]
+    return out
+
+
+def config(**overrides) -> TrainConfig:
+    base = dict(
+        max_steps=20,
+        global_batch_size=8,
+        micro_batch_size=4,
+        lr=0.05,
+        log_every_steps=1,
+        store=False,
+        progress=False,
+        seed=0,
+    )
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt", default=None)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--micro", type=int, default=4)
+    p.add_argument("--every", type=int, default=None, help="checkpoint_every_steps")
+    p.add_argument("--loss-log", default=None, help="JSON-lines file of rank 0's losses")
+    p.add_argument("--params-out", default=None)
+    p.add_argument("--signal-at", default=None, help="STEP:MICRO:SIGNAL[:COUNT] sent to itself")
+    p.add_argument("--plain", action="store_true", help="no dropout, no RNG in the loss")
+    p.add_argument("--parallelism", default="auto")
+    p.add_argument("--sleep-after-signal", type=float, default=0.0)
+    p.add_argument("--grace", type=float, default=30.0, help="grace_period_s")
+    p.add_argument("--oom-at", default=None, help="RANK:STEP:LIMIT memory limit from STEP on")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    model = build_model(dropout=0.0 if args.plain else 0.2)
+    calls = {"step": -1, "micro": 0}
+    holder: dict[str, Trainer] = {}
+    loss = plain_loss if args.plain else noisy_loss
+    target = None
+    if args.signal_at:
+        parts = args.signal_at.split(":")
+        target = (
+            int(parts[0]),
+            int(parts[1]),
+            getattr(signal, parts[2]),
+            int(parts[3]) if len(parts) > 3 else 1,
+        )
+
+    def loss_fn(m, batch):
+        step = holder["trainer"].step
+        calls["micro"] = calls["micro"] + 1 if calls["step"] == step else 0
+        calls["step"] = step
+        if target and (step, calls["micro"]) == target[:2]:
+            for _ in range(target[3]):
+                os.kill(os.getpid(), target[2])
+            if args.sleep_after_signal:
+                import time
+
+                time.sleep(args.sleep_after_signal)
+        return loss(m, batch)
+
+    cfg = config(
+        max_steps=args.steps,
+        global_batch_size=args.global_batch,
+        micro_batch_size=args.micro,
+        checkpoint_dir=args.ckpt,
+        checkpoint_every_steps=args.every,
+        parallelism=args.parallelism,
+        grace_period_s=args.grace,
+    )
+    callbacks: list[Callback] = [LossLog(args.loss_log)]
+    if args.oom_at:
+        callbacks.append(LimitMemory(*(int(v) for v in args.oom_at.split(":"))))
+    if args.params_out:
+        callbacks.append(SaveParams(args.params_out))
+    trainer = Trainer(model, loss_fn, dataset(), config=cfg, callbacks=callbacks)
+    holder["trainer"] = trainer
+    result = trainer.fit()
+    print(
+        json.dumps(
+            {
+                "steps": result.steps,
+                "stopped_by": result.stopped_by,
+                "micro": result.micro_batch_size,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

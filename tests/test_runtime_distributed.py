@@ -1,0 +1,164 @@
+"""Two processes under torchrun (gloo on CPU) against one process with the same
+global batch; per-rank exact resume; FSDP2; an OOM on one rank only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from _train_scripts import tiny
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).parent / "_train_scripts" / "tiny.py"
+STEPS = 10
+
+
+def _torchrun(*args: str, nproc: int = 2) -> list[dict]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--standalone",
+        str(SCRIPT),
+        *args,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # one JSON object per rank; ranks share stdout, so lines can run together
+    return [json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", done.stdout)]
+
+
+def _launch(*args: str, nproc: int = 2) -> list[dict]:
+    """The environment torchrun gives its workers, without the agent (seconds faster)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(nproc):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _single(*args: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("one") / "params.pt"
+    _single("--plain", "--steps", str(STEPS), "--micro", "4", "--params-out", str(out))
+    return _load(out)
+
+
+def _close(a: dict, b: dict) -> None:
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_ddp_two_processes_equal_one_process(tmp_path, one_process):
+    # each rank: 4 samples per step as 2 micro-batches of 2 (no_sync on the first)
+    out = tmp_path / "params.pt"
+    _torchrun("--plain", "--steps", str(STEPS), "--micro", "2", "--params-out", str(out))
+    _close(_load(out), one_process)
+
+
+def test_fsdp2_two_processes_with_a_resume_equal_one_process(tmp_path, one_process):
+    common = ["--plain", "--micro", "2", "--parallelism", "fsdp", "--ckpt", str(tmp_path / "c")]
+    _launch(*common, "--steps", "6")
+    out = tmp_path / "params.pt"
+    _launch(*common, "--steps", str(STEPS), "--params-out", str(out))
+    _close(_load(out), one_process)
+
+
+def test_ddp_resume_restores_every_ranks_rng_exactly(tmp_path):
+    # dropout and RNG in the loss differ per rank: a resume must restore each rank's state
+    straight = tmp_path / "straight.pt"
+    _launch(
+        "--steps",
+        str(STEPS),
+        "--micro",
+        "2",
+        "--params-out",
+        str(straight),
+        "--loss-log",
+        str(tmp_path / "a"),
+    )
+    common = ["--micro", "2", "--ckpt", str(tmp_path / "c"), "--loss-log", str(tmp_path / "b")]
+    _launch(*common, "--steps", "4")
+    resumed = tmp_path / "resumed.pt"
+    _launch(*common, "--steps", str(STEPS), "--params-out", str(resumed))
+    a, b = _load(straight), _load(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert tiny.read_losses(tmp_path / "a") == tiny.read_losses(tmp_path / "b")
+
+
+def test_oom_on_one_rank_shrinks_every_rank(tmp_path):
+    out = tmp_path / "params.pt"
+    # global 16 -> 8 per rank as micro-batches of 4; rank 1 alone hits a limit of 2
+    results = _launch(
+        "--plain",
+        "--global-batch",
+        "16",
+        "--micro",
+        "4",
+        "--oom-at",
+        "1:3:2",
+        "--steps",
+        "6",
+        "--params-out",
+        str(out),
+    )
+    assert [r["micro"] for r in results] == [2, 2]
+    reference = tmp_path / "ref.pt"
+    _single(
+        "--plain",
+        "--global-batch",
+        "16",
+        "--micro",
+        "8",
+        "--steps",
+        "6",
+        "--params-out",
+        str(reference),
+    )
+    _close(_load(out), _load(reference))
