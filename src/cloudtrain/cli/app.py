@@ -12,7 +12,14 @@ import sys
 import typer
 
 from cloudtrain import __version__
-from cloudtrain.cli import catalog_cmds, monitor_cmds, plan_cmds, runs_cmds, train_cmds
+from cloudtrain.cli import (
+    catalog_cmds,
+    launch_cmds,
+    monitor_cmds,
+    plan_cmds,
+    runs_cmds,
+    train_cmds,
+)
 from cloudtrain.errors import UserError
 
 app = typer.Typer(
@@ -41,7 +48,7 @@ def _root(
     """cloudtrain: choose and cost GPUs, train fast, never lose work, see and explain."""
 
 
-for _module in (catalog_cmds, plan_cmds, train_cmds, runs_cmds, monitor_cmds):
+for _module in (catalog_cmds, plan_cmds, train_cmds, runs_cmds, monitor_cmds, launch_cmds):
     _module.register(app)
 
 

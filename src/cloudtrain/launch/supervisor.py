@@ -1,0 +1,329 @@
+"""`cloudtrain run`: supervise a training script under torchrun.
+
+torchrun (`python -m torch.distributed.run`, the elastic agent) starts and watches
+the worker processes, forwards signals to them and, in elastic multi-node mode,
+restarts them on membership changes. Around it the supervisor adds what torchrun
+does not have:
+
+- one run in the store, with every launch of torchrun recorded as an attempt
+  (exit code, reason, spend) and events for restarts, preemption and budget;
+- restart with exponential backoff after a failure, up to `max_restarts` times; the
+  script resumes from its latest checkpoint in CLOUDTRAIN_CHECKPOINT_DIR;
+- SIGTERM/SIGINT to the supervisor (a preemption notice) is forwarded to torchrun,
+  which forwards it to the workers as a checkpoint request and kills them only
+  after `grace_s` (torchrun's --shutdown-timeout);
+- a budget: spend (price x wall time, summed over attempts) projected to exceed it
+  by the next check plus the grace period stops the job with a checkpoint.
+
+Exit codes of `cloudtrain run` (EXIT_*): 0 the script finished; 1 it failed after all
+restarts; 2 a usage error; 3 stopped by the budget (a checkpoint is there: raise the
+budget and run again to resume); 75 stopped by SIGTERM/SIGINT after the workers
+checkpointed (run again to resume; the Trainer exits with the same 75).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.errors import UserError
+from cloudtrain.launch.recorder import RunRecorder
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BUDGET = 3
+EXIT_INTERRUPTED = 75
+CHECKPOINT_ENV = "CLOUDTRAIN_CHECKPOINT_DIR"
+RUN_ID_ENV = "CLOUDTRAIN_RUN_ID"
+ATTEMPT_ENV = "CLOUDTRAIN_ATTEMPT"
+GRACE_ENV = "CLOUDTRAIN_GRACE_S"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A supervised run. Validated at construction; every None says what it means."""
+
+    command: tuple[str, ...]
+    """Training script and its arguments."""
+    nproc: int | str = 1
+    """Worker processes on this node, or "auto": one per CUDA GPU (1 without GPUs)."""
+    nnodes: str | None = None
+    """"N" or "MIN:MAX" nodes for a multi-node elastic job; None: this node alone."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous; required with `nnodes`."""
+    rdzv_id: str | None = None
+    """Rendezvous id, equal on every node; None: derived from name and command."""
+    max_restarts: int = 3
+    budget_usd: float | None = None
+    """Stop (with a checkpoint) before spend would exceed this; None: no budget."""
+    price_usd_per_hour: float | None = None
+    """Price of this machine; needed for a budget; None: spend is not counted."""
+    grace_s: float = 30.0
+    """Time workers get from the checkpoint request to exit before they are killed."""
+    backoff_s: float = 5.0
+    """Wait before the first restart; doubled for each further one."""
+    backoff_max_s: float = 300.0
+    checkpoint_dir: str = "checkpoints"
+    """Handed to the script as CLOUDTRAIN_CHECKPOINT_DIR (made absolute)."""
+    name: str | None = None
+    """Run name in the store; None: a generated one."""
+    poll_s: float = 0.5
+    """How often the supervisor checks the job and the budget."""
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise UserError("no training command; give it after `--`: cloudtrain run -- train.py")
+        if self.nproc != "auto" and (not isinstance(self.nproc, int) or self.nproc < 1):
+            raise UserError(f"--nproc must be a positive integer or 'auto', got {self.nproc!r}")
+        if (self.nnodes is None) != (self.rdzv_endpoint is None):
+            raise UserError("--nnodes and --rdzv go together (e.g. --nnodes 1:4 --rdzv host:29400)")
+        if self.max_restarts < 0 or self.grace_s <= 0 or self.backoff_s < 0 or self.poll_s <= 0:
+            raise UserError("need --max-restarts >= 0, --grace-s > 0 and --backoff-s >= 0")
+        if self.budget_usd is not None and self.price_usd_per_hour is None:
+            raise UserError("--budget needs --price (USD per hour of this machine)")
+        if self.price_usd_per_hour is not None and self.price_usd_per_hour < 0:
+            raise UserError("--price must be >= 0")
+        if self.budget_usd is not None and self.budget_usd <= 0:
+            raise UserError("--budget must be > 0")
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    attempt: int
+    exit_code: int
+    reason: str
+    """"completed", "crash", "preempted" (stop signal) or "budget"."""
+    duration_s: float
+    spend_usd: float | None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What `supervise` returns; `exit_code` is what `cloudtrain run` exits with."""
+
+    run_id: str
+    status: str
+    exit_code: int
+    attempts: tuple[AttemptOutcome, ...]
+    spend_usd: float | None
+    """Summed over attempts; None without a price."""
+    checkpoint_dir: str
+
+
+def resolve_nproc(nproc: int | str) -> int:
+    """Workers per node: "auto" is the CUDA device count, or 1 without CUDA."""
+    if nproc != "auto":
+        return int(nproc)
+    try:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    except ImportError:
+        return 1
+
+
+def torchrun_command(spec: RunSpec, run_key: str) -> list[str]:
+    """The torchrun invocation for one attempt."""
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd += [f"--nproc-per-node={resolve_nproc(spec.nproc)}"]
+    if spec.nnodes is None:
+        cmd += ["--standalone", "--max-restarts=0"]
+    else:
+        rdzv_id = spec.rdzv_id or run_key
+        cmd += [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d"]
+        cmd += [f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+        cmd += [f"--max-restarts={spec.max_restarts}"]
+    cmd += [f"--shutdown-timeout={max(1, round(spec.grace_s))}"]
+    return [*cmd, *spec.command]
+
+
+def run_key(spec: RunSpec) -> str:
+    """A stable id for the job (same on every node): name, else a hash of the command."""
+    if spec.name:
+        return spec.name
+    return "ct-" + hashlib.sha1("\0".join(spec.command).encode()).hexdigest()[:12]
+
+
+class _Stopper:
+    """Remembers a stop signal sent to the supervisor; wakes sleepers."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.wake = threading.Event()
+
+    def handle(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+        self.wake.set()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class Supervisor:
+    """Runs `spec` to completion, restart, budget stop or stop signal."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        recorder: RunRecorder,
+        *,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.recorder = recorder
+        self.say = say or (
+            lambda line: print(f"cloudtrain run: {line}", file=sys.stderr, flush=True)
+        )
+        self.stopper = _Stopper()
+        self.checkpoint_dir = str(Path(spec.checkpoint_dir).expanduser().resolve())
+        self.spent_usd = 0.0
+
+    # -- accounting ---------------------------------------------------------------
+
+    def _spend(self, seconds: float) -> float:
+        price = self.spec.price_usd_per_hour
+        return 0.0 if price is None else price * seconds / 3600.0
+
+    def _over_budget(self, elapsed_s: float) -> bool:
+        """Would spend exceed the budget by the next check plus the grace period?"""
+        if self.spec.budget_usd is None:
+            return False
+        ahead_s = elapsed_s + self.spec.poll_s + self.spec.grace_s
+        return self.spent_usd + self._spend(ahead_s) > self.spec.budget_usd
+
+    # -- one attempt --------------------------------------------------------------
+
+    def _env(self, attempt: int) -> dict[str, str]:
+        env = {**os.environ, **self.spec.env}
+        env[CHECKPOINT_ENV] = self.checkpoint_dir
+        env[RUN_ID_ENV] = self.recorder.run_id
+        env[ATTEMPT_ENV] = str(attempt)
+        env[GRACE_ENV] = f"{self.spec.grace_s:g}"
+        return env
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> int:
+        """Ask torchrun to stop (it forwards SIGTERM to the workers); kill after the grace."""
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=self.spec.grace_s + 10.0)
+        except subprocess.TimeoutExpired:
+            self.say(f"torchrun did not exit {self.spec.grace_s:g} s after SIGTERM; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
+
+    def _watch(self, proc: subprocess.Popen[bytes], started: float) -> tuple[int, str | None]:
+        """Wait for torchrun; stop it on a signal or the budget. (exit code, stop reason)."""
+        while True:
+            try:
+                return proc.wait(timeout=self.spec.poll_s), None
+            except subprocess.TimeoutExpired:
+                pass
+            elapsed_s = time.monotonic() - started
+            if self.stopper.signal is not None:
+                reason = "preempted"
+                self.recorder.preemption(self.stopper.signal, self.spec.grace_s)
+            elif self._over_budget(elapsed_s):
+                reason = "budget"
+                spend = self.spent_usd + self._spend(elapsed_s)
+                self.recorder.budget(spend, self.spec.budget_usd)
+            else:
+                continue
+            self.say(f"{reason}: asking the workers to checkpoint (grace {self.spec.grace_s:g} s)")
+            return self._stop(proc), reason
+
+    def run_attempt(self, attempt: int, run_key_: str) -> AttemptOutcome:
+        cmd = torchrun_command(self.spec, run_key_)
+        started = time.monotonic()
+        self.recorder.attempt_started(attempt)
+        proc = subprocess.Popen(cmd, env=self._env(attempt), start_new_session=True)
+        try:
+            code, reason = self._watch(proc, started)
+        except BaseException:
+            if proc.poll() is None:  # never leave torchrun and its workers behind
+                self._stop(proc)
+            raise
+        duration = time.monotonic() - started
+        spend = self._spend(duration) if self.spec.price_usd_per_hour is not None else None
+        self.spent_usd += spend or 0.0
+        reason = reason or ("completed" if code == 0 else "crash")
+        outcome = AttemptOutcome(attempt, code, reason, duration, spend)
+        self.recorder.attempt_ended(outcome)
+        return outcome
+
+    # -- the whole run -------------------------------------------------------------
+
+    def _backoff_s(self, restart: int) -> float:
+        return min(self.spec.backoff_s * 2 ** (restart - 1), self.spec.backoff_max_s)
+
+    def run(self) -> RunOutcome:
+        key = run_key(self.spec)
+        outcomes: list[AttemptOutcome] = []
+        with self.stopper.installed():
+            status, exit_code = self._loop(key, outcomes)
+        spend = self.spent_usd if self.spec.price_usd_per_hour is not None else None
+        outcome = RunOutcome(
+            self.recorder.run_id, status, exit_code, tuple(outcomes), spend, self.checkpoint_dir
+        )
+        self.recorder.finished(outcome)
+        return outcome
+
+    def _loop(self, key: str, outcomes: list[AttemptOutcome]) -> tuple[str, int]:
+        for attempt in range(1, self.spec.max_restarts + 2):
+            if self.stopper.signal is not None:
+                return "preempted", EXIT_INTERRUPTED
+            if self._over_budget(0.0):
+                self.say("budget reached before the next attempt; stopping")
+                return "stopped", EXIT_BUDGET
+            outcome = self.run_attempt(attempt, key)
+            outcomes.append(outcome)
+            if outcome.reason == "completed":
+                return "completed", EXIT_OK
+            if outcome.reason == "budget":
+                return "stopped", EXIT_BUDGET
+            if outcome.reason == "preempted":
+                return "preempted", EXIT_INTERRUPTED
+            if attempt > self.spec.max_restarts:
+                break
+            backoff = self._backoff_s(attempt)
+            self.say(f"attempt {attempt} exited with {outcome.exit_code}; restart in {backoff:g} s")
+            self.recorder.restart(attempt + 1, outcome.exit_code, backoff)
+            if self.stopper.wake.wait(backoff):
+                return "preempted", EXIT_INTERRUPTED
+        self.say(f"giving up after {self.spec.max_restarts} restart(s)")
+        return "failed", EXIT_FAILED
+
+
+def supervise(
+    spec: RunSpec, *, store_path: str | Path | None = None, say: Callable[[str], None] | None = None
+) -> RunOutcome:
+    """Run `spec` under torchrun with restarts, budget and signal handling; see module doc."""
+    with RunRecorder.open(spec_config(spec), store_path=store_path) as recorder:
+        return Supervisor(spec, recorder, say=say).run()
+
+
+def spec_config(spec: RunSpec) -> dict[str, Any]:
+    """The spec as plain values, for the run's config in the store."""
+    return asdict(spec)
