@@ -383,8 +383,12 @@ def test_findings_round_trip_most_severe_first_and_replace(store: RunStore):
                        {"data_wait_share": 0.45})  # fmt: skip
     store.add_findings([info, critical])
     assert store.findings(run_id) == [critical, info]
-    store.add_findings([info], replace=True)
+    store.replace_findings(run_id, [info])
     assert store.findings(run_id) == [info]
+    store.replace_findings(run_id, [])  # a clean diagnosis clears the stale findings
+    assert store.findings(run_id) == []
+    with pytest.raises(ValueError, match="findings of run"):
+        store.replace_findings(store.create_run(), [info])
 
 
 def test_attempts_number_themselves_and_sum_spend(store: RunStore):

@@ -65,6 +65,6 @@ def diagnose_run(
     energy = account_energy(data.run, data.samples, catalog)
     run = data.run
     if save:
-        store.add_findings(findings, replace=True)
+        store.replace_findings(run.id, findings)
         run = store.update_run(run.id, summary={"energy": energy.as_summary()})
     return Diagnosis(run, findings, energy)

@@ -443,13 +443,18 @@ class RunStore:
     def add_events(self, events: Sequence[Event]) -> None:
         self.add_records(events)
 
-    def add_findings(self, findings: Sequence[Finding], *, replace: bool = False) -> None:
-        """Add findings; with `replace`, first drop the stored findings of their runs
-        (a fresh diagnosis supersedes the last one)."""
+    def add_findings(self, findings: Sequence[Finding]) -> None:
+        """Add findings to what is stored."""
         with self._transaction() as conn:
-            if replace:
-                for run_id in sorted({f.run_id for f in findings}):
-                    conn.execute("DELETE FROM findings WHERE run_id = ?", (run_id,))
+            self._insert(conn, list(findings))
+
+    def replace_findings(self, run_id: str, findings: Sequence[Finding]) -> None:
+        """A fresh diagnosis of `run_id` supersedes the last one, even when it finds nothing."""
+        strays = sorted({f.run_id for f in findings} - {run_id})
+        if strays:
+            raise ValueError(f"findings of run {strays[0]} passed to replace those of {run_id}")
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM findings WHERE run_id = ?", (run_id,))
             self._insert(conn, list(findings))
 
     def add_records(self, records: Sequence[Record]) -> None:
