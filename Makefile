@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m cloudtrain.demo
+	$(PY) examples/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q
