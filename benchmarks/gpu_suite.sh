@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# All GPU checks and GPU benchmarks in one run, for a machine with a CUDA GPU whose
+# Python already has torch (CUDA build). The project's pure-Python dependencies come
+# from a folder prepared beforehand on a machine with network access:
+#   python -m pip install --target .gpu-deps typer rich psutil PyYAML nvidia-ml-py \
+#       pytest pytest-timeout hypothesis jsonschema
+# Results go to ${OUT:-benchmarks/results/gpu} as JSON and text.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-benchmarks/results/gpu}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src:$PWD/.gpu-deps${PYTHONPATH:+:$PYTHONPATH}"
+gpu=$(python -c 'import torch; print(torch.cuda.get_device_name(0))' 2>&1)
+echo "GPU: $gpu" | tee "$out/gpu.txt"
+nvidia-smi >>"$out/gpu.txt" 2>&1 || true
+
+python -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest_gpu.txt"
+python -m cloudtrain.cli bench --json >"$out/bench.json" 2>"$out/bench.err"
+python -m cloudtrain.cli doctor --json >"$out/doctor.json" 2>&1
+python benchmarks/train_throughput.py --skip-cpu --out "$out/train_throughput.json" \
+    >"$out/train_throughput.log" 2>&1
+python benchmarks/sampler_overhead.py --out "$out/sampler_overhead.json" \
+    >"$out/sampler_overhead.log" 2>&1
+ls -l "$out"
