@@ -51,7 +51,9 @@ def main() -> None:
     cloudtrain("catalog", "summary")
     cloudtrain("offers", "--gpu", "A100-80GB,H100", "--max-price", "40", "--limit", "8")
     console.print(Rule("2. What it will cost"))
-    cloudtrain("plan", "--preset", "gpt2-124m", "--tokens", "10e9", "--deadline", "24h", "--top", "5")
+    cloudtrain(
+        "plan", "--preset", "gpt2-124m", "--tokens", "10e9", "--deadline", "24h", "--top", "5"
+    )
     console.print(Rule("3. Train (a small GPT, about 30 s)"))
     with tempfile.TemporaryDirectory(prefix="cloudtrain-demo-") as scratch:
         train_gpt(Path(scratch) / "checkpoints")

@@ -23,7 +23,7 @@ ALLOWED = {
     "launch": {"runtime", "plan", "store", "catalog", "monitor"},
     "cli": {"catalog", "store", "plan", "monitor", "runtime", "diagnose", "report", "launch"},
 }
-BASE_MODULES = {"errors", "paths"}
+BASE_MODULES = {"errors", "paths", "settings"}
 # third-party modules that only one package may import
 EXCLUSIVE = {"sqlite3": "store", "pynvml": "monitor"}
 NO_TORCH = {"catalog", "plan", "store"}

@@ -4,7 +4,8 @@ Everything lives under one directory, `CLOUDTRAIN_HOME` (default `~/.cloudtrain`
 
 - `store.db`       the run store (SQLite)
 - `catalog/*.csv`  the user's own catalog rows (prices, GPUs, regions) and imports
-- `config.toml`    user-level configuration
+- `config.toml`    user-level settings, under `./cloudtrain.toml`, `CLOUDTRAIN_<SECTION>_<KEY>`
+                   and flags (see `cloudtrain.settings`, `cloudtrain config show`)
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import typer
 from cloudtrain import __version__
 from cloudtrain.cli import (
     catalog_cmds,
+    config_cmds,
     launch_cmds,
     monitor_cmds,
     plan_cmds,
@@ -48,7 +49,15 @@ def _root(
     """cloudtrain: choose and cost GPUs, train fast, never lose work, see and explain."""
 
 
-for _module in (catalog_cmds, plan_cmds, train_cmds, runs_cmds, monitor_cmds, launch_cmds):
+for _module in (
+    catalog_cmds,
+    plan_cmds,
+    train_cmds,
+    runs_cmds,
+    monitor_cmds,
+    launch_cmds,
+    config_cmds,
+):
     _module.register(app)
 
 

@@ -22,19 +22,23 @@ from cloudtrain.catalog import (
 )
 from cloudtrain.catalog.query import bf16_by_gpu
 from cloudtrain.cli import render
+from cloudtrain.cli.config_cmds import catalog_paths as configured_catalog_paths
 from cloudtrain.errors import UserError
 
 SORT_FLAGS = {"price": "price", "gpu-price": "price_per_gpu", "pflop-price": "price_per_pflop"}
 _LINK = {"nvlink": "NVLink", "infinity-fabric": "IF", "pcie": "PCIe"}
 
-CATALOG_HELP = "Extra catalog CSV file or directory, merged over the bundled and user rows."
+CATALOG_HELP = (
+    "Extra catalog CSV file or directory, merged over the bundled and user rows "
+    "(default: the catalog.paths setting)."
+)
 catalog_app = typer.Typer(
     help="The catalog: summary, and importing SkyPilot's price catalogs.", no_args_is_help=True
 )
 
 
 def _load(catalog_paths: list[Path] | None) -> Catalog:
-    return load_catalog(extra_paths=catalog_paths or ())
+    return load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
 
 
 def _compact(out: Table) -> Table:

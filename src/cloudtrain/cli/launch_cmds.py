@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from cloudtrain.cli import render
+from cloudtrain.cli.config_cmds import run_settings
 from cloudtrain.errors import UserError
 
 spot_app = typer.Typer(
@@ -31,10 +32,14 @@ def run(
     ),
     nnodes: str | None = typer.Option(None, "--nnodes", help="Nodes, N or MIN:MAX (elastic)."),
     rdzv: str | None = typer.Option(None, "--rdzv", help="Rendezvous HOST:PORT for --nnodes."),
-    max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts after failures."),
+    max_restarts: int | None = typer.Option(
+        None, "--max-restarts", help="Restarts after failures (default: 3)."
+    ),
     budget: float | None = typer.Option(None, "--budget", help="Stop before spend passes USD."),
     price: float | None = typer.Option(None, "--price", help="USD per hour of this machine."),
-    grace_s: float = typer.Option(30.0, "--grace-s", help="Seconds workers get to checkpoint."),
+    grace_s: float | None = typer.Option(
+        None, "--grace-s", help="Seconds workers get to checkpoint (default: 30)."
+    ),
     backoff_s: float = typer.Option(5.0, "--backoff-s", help="First restart delay (doubles)."),
     checkpoint_dir: str = typer.Option(
         "checkpoints", "--checkpoint-dir", help="Passed as CLOUDTRAIN_CHECKPOINT_DIR."
@@ -46,18 +51,23 @@ def run(
 
     Exit codes: 0 done, 1 failed after all restarts, 2 usage error, 3 stopped by the
     budget (resumable), 75 stopped by SIGTERM/SIGINT after checkpointing (resumable).
+    Price, budget, restarts and grace not given as flags come from the settings
+    (`run` section; see `cloudtrain config show`).
     """
     from cloudtrain.launch.supervisor import RunSpec, supervise
 
+    configured = run_settings(
+        price_usd_per_hour=price, budget_usd=budget, max_restarts=max_restarts, grace_s=grace_s
+    )
     spec = RunSpec(
         command=tuple(command),
         nproc="auto" if nproc == "auto" else _positive_int(nproc, "--nproc"),
         nnodes=nnodes,
         rdzv_endpoint=rdzv,
-        max_restarts=max_restarts,
-        budget_usd=budget,
-        price_usd_per_hour=price,
-        grace_s=grace_s,
+        max_restarts=configured.max_restarts,
+        budget_usd=configured.budget_usd,
+        price_usd_per_hour=configured.price_usd_per_hour,
+        grace_s=configured.grace_s,
         backoff_s=backoff_s,
         checkpoint_dir=checkpoint_dir,
         name=name,

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cloudtrain.cli import render
+from cloudtrain.cli.config_cmds import alert_settings
 from cloudtrain.diagnose import DoctorReport, diagnose_run, run_doctor
 from cloudtrain.errors import UserError
 from cloudtrain.monitor import AlertConfig, Sampler, SamplerConfig, open_nvml
@@ -36,12 +37,13 @@ def register(app: typer.Typer) -> None:
 def _alerts(
     stall_s: float | None,
     idle_minutes: float | None,
-    idle_stop: bool,
+    idle_stop: bool | None,
     budget_usd: float | None,
     alert_command: str | None,
     webhook: str | None,
 ) -> AlertConfig:
-    return AlertConfig(
+    """[alerts] with the flags that were given (not None) on top."""
+    return alert_settings(
         stall_s=stall_s,
         idle_minutes=idle_minutes,
         idle_stop=idle_stop,
@@ -71,13 +73,22 @@ def watch(
     provider: str | None = typer.Option(None, "--provider", help="Cloud provider (for PUE)."),
     region: str | None = typer.Option(None, "--region", help="Region (for carbon intensity)."),
     stall_s: float | None = typer.Option(
-        600.0, "--stall-s", help="Alert and dump stacks after this long without a step."
+        None,
+        "--stall-s",
+        help="Alert and dump stacks after this long without a step (default: 600).",
+        show_default=False,
     ),
     idle_minutes: float | None = typer.Option(
-        10.0, "--idle-minutes", help="Alert when GPUs are idle this long."
+        None,
+        "--idle-minutes",
+        help="Alert when GPUs are idle this long (default: 10).",
+        show_default=False,
     ),
-    idle_stop: bool = typer.Option(
-        False, "--idle-stop", help="Stop COMMAND when the idle alert fires."
+    idle_stop: bool | None = typer.Option(
+        None,
+        "--idle-stop/--no-idle-stop",
+        help="Stop COMMAND when the idle alert fires (default: no).",
+        show_default=False,
     ),
     budget_usd: float | None = typer.Option(None, "--budget-usd", help="Alert above this spend."),
     alert_command: str | None = typer.Option(
@@ -85,7 +96,10 @@ def watch(
     ),
     webhook: str | None = typer.Option(None, "--webhook", help="URL that receives alerts as JSON."),
 ) -> None:
-    """Live GPU/host dashboard; `watch -- COMMAND ...` runs COMMAND and records it as a run."""
+    """Live GPU/host dashboard; `watch -- COMMAND ...` runs COMMAND and records it as a run.
+
+    Alert thresholds not given as flags come from the settings (`alerts` section; see
+    `cloudtrain config show`)."""
     command = list(ctx.args)
     if command and command[0] == "--":
         command = command[1:]

@@ -11,12 +11,17 @@ import typer
 from cloudtrain import paths
 from cloudtrain.catalog import Catalog, load_catalog
 from cloudtrain.cli import render
+from cloudtrain.cli.config_cmds import catalog_paths as configured_catalog_paths
+from cloudtrain.cli.config_cmds import plan_settings
 from cloudtrain.errors import UserError
 from cloudtrain.plan import Constraints, Plan, Workload, load_workload_file, preset, tco
 from cloudtrain.plan import plan as make_plan
 from cloudtrain.plan.explain import duration, money
 
-CATALOG_HELP = "Extra catalog CSV file or directory, merged over the bundled and user rows."
+CATALOG_HELP = (
+    "Extra catalog CSV file or directory, merged over the bundled and user rows "
+    "(default: the catalog.paths setting)."
+)
 _UNITS_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -177,7 +182,7 @@ def plan_command(
     max_nodes: int = typer.Option(None, "--max-nodes", help="Node counts tried: 1..N (8)."),
     max_gpus: int = typer.Option(None, "--max-gpus", help="Most GPUs in total."),
     efficiency: float = typer.Option(None, "--efficiency", help="End-to-end share of peak."),
-    top: int = typer.Option(10, "--top", help="Estimates shown (0: all)."),
+    top: int = typer.Option(None, "--top", help="Estimates shown; 0: all (default: 10)."),
     as_json: bool = typer.Option(False, "--json", help="Print the Plan as JSON."),
     currency: str = typer.Option(None, "--currency", help="USD (default) or CNY, ..."),
     catalog_paths: list[Path] = typer.Option(None, "--catalog", help=CATALOG_HELP),
@@ -197,8 +202,11 @@ def plan_command(
         "max_interruption_band": max_band, "max_nodes": max_nodes, "max_gpus": max_gpus,
         "pricings": _pricings(spot, reserved), "objective": objective,
     }  # fmt: skip
-    constraints = _constraints(table, flags)
-    catalog = load_catalog(extra_paths=catalog_paths or ())
+    configured = plan_settings()  # [plan]: under the workload file and the flags
+    defaults = {"currency": configured.currency, "objective": configured.objective}
+    constraints = _constraints({**defaults, **table}, flags)
+    top = configured.top if top is None else top
+    catalog = load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
     overrides = {"*": efficiency} if efficiency is not None else None
     if efficiency is not None and not 0.0 < efficiency <= 1.0:
         raise UserError("--efficiency must be in (0, 1]: a share of the dense peak")
@@ -228,7 +236,7 @@ def tco_command(
     catalog_paths: list[Path] = typer.Option(None, "--catalog", help=CATALOG_HELP),
 ) -> None:
     """Rent or buy: total cost over the years at a utilization, and the break-even."""
-    catalog: Catalog = load_catalog(extra_paths=catalog_paths or ())
+    catalog: Catalog = load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
     result = tco(
         catalog, gpu, count, utilization, years, kwh_price_usd=kwh_price,
         purchase_usd=purchase_usd, ops_usd_per_year=ops_usd_per_year,
@@ -319,7 +327,7 @@ def bench_command(
 
     if data_dir is not None and not data_dir.is_dir():
         raise UserError(f"--data-dir {data_dir} is not a directory")
-    catalog = load_catalog(extra_paths=catalog_paths or ())
+    catalog = load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
     progress_console = render.console()
     progress_console.stderr = True
     with Progress(console=progress_console, transient=True) as progress:
