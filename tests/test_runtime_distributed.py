@@ -54,6 +54,7 @@ def _launch(*args: str, nproc: int = 2) -> list[dict]:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
+            "PYTHONFAULTHANDLER": "1",  # a crash (SIGABRT/SIGSEGV) prints every thread's stack
         }
         procs.append(
             subprocess.Popen(
@@ -64,12 +65,15 @@ def _launch(*args: str, nproc: int = 2) -> list[dict]:
                 text=True,
             )
         )
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    finished = [proc.communicate(timeout=180) for proc in procs]
+    # every rank's exit status and stderr: one rank's crash often surfaces as another's error
+    codes = [proc.returncode for proc in procs]
+    report = "\n".join(
+        f"--- rank {r} (rc {c}):\n{err[-1500:]}"
+        for r, (c, (_, err)) in enumerate(zip(codes, finished, strict=True))
+    )
+    assert codes == [0] * nproc, report
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in finished]
 
 
 def _single(*args: str) -> None:
