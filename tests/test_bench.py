@@ -121,3 +121,9 @@ def test_gpu_bench_compares_with_the_catalog(tmp_path):
     assert result.h2d_pinned_gb_per_s and result.d2h_pageable_gb_per_s
     if result.gpu is not None:
         assert 0.2 < result.matmul_fraction["bf16"] < 1.1
+
+
+def test_small_rates_keep_their_significant_digits():
+    # a loaded CPU can run a bf16 matmul at well under 1 GFLOP/s: never report it as 0
+    assert bench.significant(0.000123456) == 0.0001235
+    assert bench.significant(1979.26) == 1979.0

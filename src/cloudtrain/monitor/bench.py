@@ -302,21 +302,26 @@ def run_bench(
     return result
 
 
+def significant(value: float, digits: int = 4) -> float:
+    """`value` to `digits` significant digits: a slow machine's small rates stay non-zero."""
+    return float(f"{value:.{digits}g}")
+
+
 def _matmul_step(
     result: BenchResult, dtype: str, n: int, device: str, sizes: BenchSizes
 ) -> Callable[[], None]:
     def step() -> None:
         tflops = matmul_tflops(dtype, n, device, min_s=sizes.min_s)
-        result.matmul_tflops.setdefault(dtype, {})[str(n)] = round(tflops, 3)
+        result.matmul_tflops.setdefault(dtype, {})[str(n)] = significant(tflops)
         best = max(result.matmul_best_tflops.get(dtype, 0.0), tflops)
-        result.matmul_best_tflops[dtype] = round(best, 3)
+        result.matmul_best_tflops[dtype] = significant(best)
 
     return step
 
 
 def _memory_step(result: BenchResult, device: str, sizes: BenchSizes) -> None:
-    result.memory_gb_per_s = round(
-        memory_bandwidth_gb_per_s(device, sizes.memory_mb, min_s=sizes.min_s), 2
+    result.memory_gb_per_s = significant(
+        memory_bandwidth_gb_per_s(device, sizes.memory_mb, min_s=sizes.min_s)
     )
 
 
@@ -328,18 +333,18 @@ def _transfer_step(result: BenchResult, sizes: BenchSizes) -> None:
             )
             direction = "h2d" if to_device else "d2h"
             kind = "pinned" if pinned else "pageable"
-            setattr(result, f"{direction}_{kind}_gb_per_s", round(rate, 2))
+            setattr(result, f"{direction}_{kind}_gb_per_s", significant(rate))
 
 
 def _disk_step(result: BenchResult, directory: Path, sizes: BenchSizes) -> None:
     rate, dropped = disk_read_gb_per_s(directory, sizes.disk_mb)
-    result.disk_read_gb_per_s = round(rate, 3)
+    result.disk_read_gb_per_s = significant(rate)
     result.disk_dir = str(directory)
     result.disk_cache_dropped = dropped
 
 
 def _cpu_step(result: BenchResult, sizes: BenchSizes) -> None:
-    result.cpu_images_per_s_per_core = round(cpu_images_per_s(sizes.cpu_s), 1)
+    result.cpu_images_per_s_per_core = significant(cpu_images_per_s(sizes.cpu_s))
 
 
 def _compare(result: BenchResult, spec: GPUSpec | None) -> None:
