@@ -13,7 +13,13 @@ import torch
 
 from _train_scripts import tiny
 from cloudtrain.runtime import CheckpointError, CheckpointManager, Trainer, young_interval_s
-from cloudtrain.runtime.checkpoint import capture_rng, restore_rng, sha256_file
+from cloudtrain.runtime.checkpoint import (
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+    sha256_file,
+)
+from cloudtrain.runtime.sharded import UnsafeMetadataError, load_sharded, save_sharded
 
 CPU = torch.device("cpu")
 
@@ -59,6 +65,21 @@ def test_partial_newest_without_manifest_is_skipped(tmp_path):
     (tmp_path / "step_000000002" / "manifest.json").unlink()
     with pytest.warns(UserWarning, match="did not finish"):
         assert manager.load_latest().step == 1
+
+
+def test_one_directory_loads_publicly_and_a_corrupt_one_is_refused(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=3)
+    _save(manager, 1, 1.0)
+    _save(manager, 2, 2.0)
+    older = manager.load_path(tmp_path / "step_000000001")  # not the newest: still loads
+    assert older.step == 1 and torch.equal(older.state["model"]["w"], torch.ones(3))
+    same = load_checkpoint(tmp_path / "step_000000002")
+    assert same.step == 2 and same.world_size == 1 and same.rank_state["data"] == {"epoch": 0}
+    (tmp_path / "step_000000001" / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(tmp_path / "step_000000001")
+    with pytest.raises(CheckpointError, match="manifest"):
+        load_checkpoint(tmp_path / "step_000000009")
 
 
 def test_leftover_temporary_directory_is_ignored(tmp_path):
@@ -168,3 +189,59 @@ def test_auto_interval_follows_the_measured_save_time():
     assert not clock.due()
     assert not CheckpointClock(None, 7200.0, enabled=True).enabled
     assert CheckpointClock(60.0, 7200.0, enabled=True).interval_s == 60.0
+
+
+def _save_sharded(manager: CheckpointManager, step: int, model: torch.nn.Module) -> None:
+    """A checkpoint whose model lives in DCP shards (what FSDP runs write)."""
+    state = {"model": None, "trainer": {"step": step}}
+    manager.save(
+        step,
+        lambda: state,
+        {"rng": capture_rng(CPU), "data": {"epoch": 0}},
+        sharded=lambda d: save_sharded({"model": model.state_dict()}, d),
+    )
+
+
+def test_sharded_files_are_in_the_manifest_and_load_in_one_process(tmp_path):
+    model = tiny.build_model()
+    manager = CheckpointManager(tmp_path)
+    _save_sharded(manager, 1, model)
+    manifest = json.loads((tmp_path / "step_000000001" / "manifest.json").read_text())
+    assert manifest["sharded"] == "sharded"
+    assert {"sharded/.metadata", "sharded/__0_0.distcp"} <= set(manifest["files"])
+    loaded = manager.load_latest()
+    assert loaded.sharded_path == tmp_path / "step_000000001" / "sharded"
+    restored = loaded.model_state()
+    assert all(torch.equal(restored[k], v) for k, v in model.state_dict().items())
+    into = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
+    load_sharded(into, loaded.sharded_path)  # the in-place path the Trainer uses
+    assert all(torch.equal(into["model"][k], v) for k, v in model.state_dict().items())
+
+
+def test_a_corrupt_shard_falls_back_to_the_previous_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    _save_sharded(manager, 1, tiny.build_model())
+    _save_sharded(manager, 2, tiny.build_model())
+    shard = tmp_path / "step_000000002" / "sharded" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="checksum mismatch"):
+        assert manager.load_latest().step == 1
+
+
+def test_malicious_dcp_metadata_is_refused_and_its_payload_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    manager = CheckpointManager(tmp_path / "ckpt")
+    _save_sharded(manager, 1, tiny.build_model())
+    _save_sharded(manager, 2, tiny.build_model())
+    path = tmp_path / "ckpt" / "step_000000002"
+    (path / "sharded" / ".metadata").write_bytes(pickle.dumps(_Payload(str(marker))))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["sharded/.metadata"] = sha256_file(path / "sharded" / ".metadata")
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UnsafeMetadataError, match="refused"):
+        load_checkpoint(path)
+    with pytest.warns(UserWarning, match="refused"):
+        assert manager.load_latest().step == 1
+    assert not marker.exists()

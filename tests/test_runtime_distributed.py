@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import pytest
 import torch
 
 from _train_scripts import tiny
+from cloudtrain.runtime import load_checkpoint
+from cloudtrain.store import RunStore
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "_train_scripts" / "tiny.py"
@@ -109,9 +112,29 @@ def test_ddp_two_processes_equal_one_process(tmp_path, one_process):
 def test_fsdp2_two_processes_with_a_resume_equal_one_process(tmp_path, one_process):
     common = ["--plain", "--micro", "2", "--parallelism", "fsdp", "--ckpt", str(tmp_path / "c")]
     _launch(*common, "--steps", "6")
+    # each rank wrote its own shards through DCP; nothing was gathered on rank 0
+    step_dir = tmp_path / "c" / "step_000000006"
+    loaded = load_checkpoint(step_dir)
+    assert loaded.state["model"] is None and loaded.state["optimizer"] is None
+    assert loaded.sharded_path == step_dir / "sharded"
+    files = json.loads((step_dir / "manifest.json").read_text())["files"]
+    assert {"sharded/.metadata", "sharded/__0_0.distcp", "sharded/__1_0.distcp"} <= set(files)
+    whole = loaded.model_state()  # one process reads every rank's shards
+    assert set(whole) == set(one_process) and whole["body.0.weight"].shape == (32, 6)
+    # DCP reshards: one process resumes the two ranks' checkpoint
+    shutil.copytree(tmp_path / "c", tmp_path / "c1")
+    alone = tmp_path / "alone.pt"
+    _single("--plain", "--micro", "2", "--ckpt", str(tmp_path / "c1"), "--steps", str(STEPS),
+            "--params-out", str(alone))  # fmt: skip
+    _close(_load(alone), one_process)
     out = tmp_path / "params.pt"
     _launch(*common, "--steps", str(STEPS), "--params-out", str(out))
     _close(_load(out), one_process)
+    # and the resume is exact: bit for bit what FSDP computes without stopping
+    straight = tmp_path / "straight.pt"
+    _launch(*common[:-1], str(tmp_path / "s"), "--steps", str(STEPS), "--params-out", str(straight))
+    a, b = _load(out), _load(straight)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_ddp_resume_restores_every_ranks_rng_exactly(tmp_path):
@@ -166,3 +189,17 @@ def test_oom_on_one_rank_shrinks_every_rank(tmp_path):
         str(reference),
     )
     _close(_load(out), _load(reference))
+
+
+def test_every_rank_has_step_records_at_log_steps(tmp_path):
+    db = tmp_path / "runs.db"
+    results = _launch("--plain", "--steps", "5", "--store", str(db), "--log-every", "2")
+    run_id = results[0]["run_id"]
+    assert run_id and results[1]["run_id"] is None  # only rank 0 records
+    with RunStore.open(db) as store:
+        steps = store.steps(run_id)
+        config = store.get_run(run_id).config
+    by_rank = {r: [s.step for s in steps if s.rank == r] for r in (0, 1)}
+    assert by_rank == {0: [2, 4, 5], 1: [2, 4, 5]}  # the last step off the grid too
+    assert all(s.step_s > 0 and s.data_wait_s is not None for s in steps)
+    assert config["world_size"] == 2 and config["parallelism"] == "ddp"

@@ -45,6 +45,14 @@ def run(
         "checkpoints", "--checkpoint-dir", help="Passed as CLOUDTRAIN_CHECKPOINT_DIR."
     ),
     name: str | None = typer.Option(None, "--name", help="Run name in the store."),
+    mtbf_hours: float | None = typer.Option(
+        None, "--mtbf-hours", help="Expected hours between interruptions (CLOUDTRAIN_MTBF_S)."
+    ),
+    band: str | None = typer.Option(
+        None,
+        "--interruption-band",
+        help="AWS spot interruption band (<5%, 5-10%, ..., >20%): the MTBF from it.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
 ) -> None:
     """Run a training script under torchrun with restarts, resume, budget and preemption.
@@ -54,7 +62,13 @@ def run(
     Price, budget, restarts and grace not given as flags come from the settings
     (`run` section; see `cloudtrain config show`).
     """
-    from cloudtrain.launch.supervisor import RunSpec, supervise
+    from cloudtrain.launch.supervisor import RunSpec, max_nodes, mtbf_s_from_band, supervise
+
+    if mtbf_hours is not None and band is not None:
+        raise UserError("give --mtbf-hours or --interruption-band, not both")
+    mtbf_s = mtbf_hours * 3600.0 if mtbf_hours is not None else None
+    if band is not None:
+        mtbf_s = mtbf_s_from_band(band, max_nodes(nnodes))
 
     configured = run_settings(
         price_usd_per_hour=price, budget_usd=budget, max_restarts=max_restarts, grace_s=grace_s
@@ -71,6 +85,7 @@ def run(
         backoff_s=backoff_s,
         checkpoint_dir=checkpoint_dir,
         name=name,
+        mtbf_s=mtbf_s,
     )
     outcome = supervise(spec)
     if as_json:

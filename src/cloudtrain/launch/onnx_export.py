@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from cloudtrain.errors import CloudtrainError, UserError
-from cloudtrain.runtime.checkpoint import MANIFEST, CheckpointManager
+from cloudtrain.runtime.checkpoint import MANIFEST, CheckpointManager, load_checkpoint
 
 INPUT_DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
@@ -87,14 +87,13 @@ def load_model_state(checkpoint: str | Path) -> tuple[dict[str, torch.Tensor], i
         state = torch.load(path, map_location="cpu", weights_only=True)
         step = None
     elif (path / MANIFEST).is_file():
-        manager = CheckpointManager(path.parent)
-        loaded = manager._load_one(path, manager.verify(path))
-        state, step = loaded.state, loaded.step
+        loaded = load_checkpoint(path)
+        state, step = loaded.model_state(), loaded.step
     elif path.is_dir():
         loaded = CheckpointManager(path).load_latest()
         if loaded is None:
             raise UserError(f"no checkpoint in {path}")
-        state, step = loaded.state, loaded.step
+        state, step = loaded.model_state(), loaded.step
     else:
         raise UserError(f"checkpoint {path} not found")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import signal
 import subprocess
@@ -47,6 +48,8 @@ CHECKPOINT_ENV = "CLOUDTRAIN_CHECKPOINT_DIR"
 RUN_ID_ENV = "CLOUDTRAIN_RUN_ID"
 ATTEMPT_ENV = "CLOUDTRAIN_ATTEMPT"
 GRACE_ENV = "CLOUDTRAIN_GRACE_S"
+MTBF_ENV = "CLOUDTRAIN_MTBF_S"
+"""Expected seconds between interruptions of the job; the Trainer's default `mtbf_s`."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -81,6 +84,9 @@ class RunSpec:
     poll_s: float = 0.5
     """How often the supervisor checks the job and the budget."""
     env: dict[str, str] = field(default_factory=dict)
+    mtbf_s: float | None = None
+    """Expected seconds between interruptions of the job, handed to the script as
+    CLOUDTRAIN_MTBF_S (the Trainer's "auto" checkpoint interval uses it); None: unset."""
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -97,6 +103,8 @@ class RunSpec:
             raise UserError("--price must be >= 0")
         if self.budget_usd is not None and self.budget_usd <= 0:
             raise UserError("--budget must be > 0")
+        if self.mtbf_s is not None and not 0 < self.mtbf_s < math.inf:
+            raise UserError(f"--mtbf-hours must be > 0, got {self.mtbf_s / 3600:g}")
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,38 @@ class RunOutcome:
     spend_usd: float | None
     """Summed over attempts; None without a price."""
     checkpoint_dir: str
+
+
+def mtbf_s_from_band(band: str, nodes: int = 1) -> float:
+    """Expected seconds between interruptions of a job on `nodes` spot nodes of an AWS
+    interruption-frequency band ("<5%", "5-10%", ...).
+
+    The band's mid-point f (INTERRUPTION_BANDS) is read as the share of nodes interrupted
+    within a month (730 h), as the planner does: a constant hazard per node-hour
+    h = -ln(1 - f) / 730 (plan.cost.hazard_per_node_hour), so one node's MTBF is 1 / h
+    hours, e.g. "<5%" (f = 0.025) gives 28,800 h and ">20%" (f = 0.25) 2,540 h. Any node's
+    interruption stops the job, so a job's MTBF is 1 / (h * nodes).
+    """
+    from cloudtrain.catalog.types import INTERRUPTION_BANDS
+    from cloudtrain.errors import UnknownNameError
+    from cloudtrain.plan.cost import hazard_per_node_hour
+
+    if band not in INTERRUPTION_BANDS:
+        raise UnknownNameError("interruption band", band, INTERRUPTION_BANDS)
+    if nodes < 1:
+        raise UserError(f"nodes must be >= 1, got {nodes}")
+    hazard_per_hour = hazard_per_node_hour(INTERRUPTION_BANDS[band]) * nodes
+    return 3600.0 / hazard_per_hour
+
+
+def max_nodes(nnodes: str | None) -> int:
+    """The most nodes `--nnodes` ("N" or "MIN:MAX") allows; 1 without it."""
+    if not nnodes:
+        return 1
+    try:
+        return int(nnodes.split(":")[-1])
+    except ValueError:
+        raise UserError(f"--nnodes must be N or MIN:MAX, got '{nnodes}'") from None
 
 
 def resolve_nproc(nproc: int | str) -> int:
@@ -220,6 +260,8 @@ class Supervisor:
         env[RUN_ID_ENV] = self.recorder.run_id
         env[ATTEMPT_ENV] = str(attempt)
         env[GRACE_ENV] = f"{self.spec.grace_s:g}"
+        if self.spec.mtbf_s is not None:
+            env[MTBF_ENV] = repr(float(self.spec.mtbf_s))
         return env
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> int:

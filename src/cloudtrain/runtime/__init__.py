@@ -15,7 +15,13 @@ resume) and `EXIT_GRACE_EXPIRED` (76).
 """
 
 from cloudtrain.runtime.batching import MemoryProbe
-from cloudtrain.runtime.checkpoint import CheckpointError, CheckpointManager, young_interval_s
+from cloudtrain.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    LoadedCheckpoint,
+    load_checkpoint,
+    young_interval_s,
+)
 from cloudtrain.runtime.config import TrainConfig
 from cloudtrain.runtime.preempt import EXIT_GRACE_EXPIRED, EXIT_PREEMPTED
 from cloudtrain.runtime.result import Callback, FitResult
@@ -28,9 +34,11 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "FitResult",
+    "LoadedCheckpoint",
     "MemoryProbe",
     "TrainConfig",
     "Trainer",
+    "load_checkpoint",
     "seed_everything",
     "young_interval_s",
 ]

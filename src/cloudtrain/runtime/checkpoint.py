@@ -5,7 +5,15 @@ Layout of `checkpoint_dir`:
     step_000000120/state.pt      model, optimizer, scheduler, scaler, trainer state (rank 0)
     step_000000120/rank_0.pt     this rank's RNG states and data position (one per rank)
     step_000000120/manifest.json sha256 of every file, step, world size
+    step_000000120/sharded/      FSDP only: each rank's model/optimizer shards through
+                                 torch.distributed.checkpoint (see sharded.py); state.pt
+                                 then holds the rest (trainer state, scheduler, scaler)
     latest                       name of the newest complete checkpoint, written last
+
+The manifest checksums every file, the sharded ones included: rank 0 hashes each
+rank's `.distcp` file and DCP's `.metadata` after every rank has written (they share
+the directory), so a corrupt or missing shard makes the checkpoint fall back like any
+other damage.
 
 A checkpoint is written into `.tmp-step_...`, each file fsynced, the directory
 fsynced, renamed to its final name, the parent fsynced, and only then `latest`
@@ -40,6 +48,7 @@ FORMAT_VERSION = 1
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 LATEST = "latest"
+SHARDED_DIR = "sharded"
 
 
 class CheckpointError(CloudtrainError):
@@ -166,6 +175,18 @@ class LoadedCheckpoint:
     rank_state: dict[str, Any] | None
     """This rank's RNG and data position; None when the checkpoint had fewer ranks."""
     world_size: int
+    sharded_path: Path | None = None
+    """Directory of the model/optimizer shards (FSDP checkpoints, see sharded.py); None:
+    they are in `state`."""
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model state_dict on CPU (read from the shards, in this one process,
+        for a sharded checkpoint)."""
+        if self.sharded_path is not None:
+            from cloudtrain.runtime.sharded import load_full_model
+
+            return load_full_model(self.sharded_path)
+        return self.state["model"]
 
 
 class CheckpointManager:
@@ -197,9 +218,12 @@ class CheckpointManager:
         rank_state: dict[str, Any],
         *,
         async_write: bool = False,
+        sharded: Callable[[Path], None] | None = None,
     ) -> Path:
         """Write checkpoint `step`. `state` is called on every rank (gathering a sharded
-        model is a collective); rank 0 writes what it returns. Returns the final directory."""
+        model is a collective); rank 0 writes what it returns. `sharded(directory)`, when
+        given, is called on every rank to write its shards there (a collective). Returns
+        the final directory."""
         t0 = time.perf_counter()
         self.wait()
         final = self.dir / step_dir_name(step)
@@ -210,6 +234,8 @@ class CheckpointManager:
             tmp.mkdir()
         self.barrier()
         _save_file(rank_state, tmp / f"rank_{self.rank}.pt")
+        if sharded is not None:
+            sharded(tmp / SHARDED_DIR)
         full = state()  # every rank: gathering a sharded state is collective
         self.barrier()  # every rank file is on disk
         if self.rank == 0:
@@ -236,12 +262,17 @@ class CheckpointManager:
         files = {STATE_FILE: _save_file(full, tmp / STATE_FILE)}
         for r in range(self.world):
             files[f"rank_{r}.pt"] = sha256_file(tmp / f"rank_{r}.pt")
+        shards = tmp / SHARDED_DIR
+        for file in sorted(shards.rglob("*")) if shards.is_dir() else ():
+            if file.is_file():
+                files[file.relative_to(tmp).as_posix()] = sha256_file(file)
         manifest = {
             "format": FORMAT_VERSION,
             "step": step,
             "world_size": self.world,
             "files": files,
             "time_unix_s": time.time(),
+            "sharded": SHARDED_DIR if shards.is_dir() else None,
         }
         _write_text_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         _fsync_dir(tmp)
@@ -294,17 +325,38 @@ class CheckpointManager:
             raise CheckpointError(f"{path}: no {MANIFEST} (the save did not finish)")
         manifest = json.loads(manifest_path.read_text())
         for name, digest in manifest["files"].items():
+            if name.startswith("/") or ".." in name.split("/"):
+                raise CheckpointError(f"{path}: manifest names a file outside it ({name})")
             file = path / name
             if not file.is_file() or sha256_file(file) != digest:
                 raise CheckpointError(f"{file}: checksum mismatch (corrupt or partial)")
         return manifest
 
+    def load_path(self, path: str | Path) -> LoadedCheckpoint:
+        """One checkpoint directory (`step_*`), verified against its manifest and loaded
+        with weights_only. Raises CheckpointError when it is partial, corrupt or unsafe."""
+        path = Path(path)
+        try:
+            return self._load_one(path, self.verify(path))
+        except (OSError, ValueError, KeyError) as error:
+            raise CheckpointError(f"{path}: cannot load ({error})") from error
+
     def _load_one(self, path: Path, manifest: dict[str, Any]) -> LoadedCheckpoint:
         state = _safe_load(path / STATE_FILE)
         rank_file = path / f"rank_{self.rank}.pt"
         rank_state = _safe_load(rank_file) if rank_file.is_file() else None
+        sharded = manifest.get("sharded")
+        if sharded:
+            from cloudtrain.runtime.sharded import check_metadata
+
+            check_metadata(path / SHARDED_DIR)  # refuse a foreign pickle before any use
         return LoadedCheckpoint(
-            int(manifest["step"]), path, state, rank_state, int(manifest["world_size"])
+            int(manifest["step"]),
+            path,
+            state,
+            rank_state,
+            int(manifest["world_size"]),
+            sharded_path=path / SHARDED_DIR if sharded else None,
         )
 
     def load_latest(self, agree: Callable[[int], int] = lambda i: i) -> LoadedCheckpoint | None:
@@ -343,3 +395,10 @@ def _safe_load(path: Path) -> Any:
     except Exception as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"{path}: refused to load ({first})") from error
+
+
+def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+    """One checkpoint directory (`.../step_000000120`), verified and loaded on CPU as
+    rank 0 sees it (model, optimizer, trainer state; rank 0's RNG and data position)."""
+    path = Path(path)
+    return CheckpointManager(path.parent).load_path(path)

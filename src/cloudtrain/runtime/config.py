@@ -6,6 +6,7 @@ Each field says its unit and what `None` or `"auto"` means. A bad value raises a
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +16,28 @@ from cloudtrain.errors import UserError
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8")
 PARALLELISMS = ("auto", "none", "ddp", "fsdp")
 GRAD_COMPRESSIONS = ("bf16", "fp16", "powersgd")
+CHECKPOINT_DIR_ENV = "CLOUDTRAIN_CHECKPOINT_DIR"
+"""Default `checkpoint_dir`; set by `cloudtrain run`."""
+MTBF_ENV = "CLOUDTRAIN_MTBF_S"
+"""Default `mtbf_s` in seconds; set by `cloudtrain run` from --mtbf-hours or the band."""
+DEFAULT_MTBF_S = 6 * 3600.0
+
+
+def _env_checkpoint_dir() -> str | None:
+    return os.environ.get(CHECKPOINT_DIR_ENV) or None
+
+
+def _env_mtbf_s() -> float:
+    text = os.environ.get(MTBF_ENV)
+    if not text:
+        return DEFAULT_MTBF_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise UserError(f"${MTBF_ENV} must be a positive number of seconds, not {text!r}")
+    return value
 
 
 @dataclass
@@ -73,15 +96,19 @@ class TrainConfig:
     """DDP gradient compression hook: 'bf16', 'fp16' or 'powersgd'; None: none."""
 
     # --- checkpoints ----------------------------------------------------------
-    checkpoint_dir: str | Path | None = None
-    """Where checkpoints go; a checkpoint found there is resumed. None: no checkpoints."""
+    checkpoint_dir: str | Path | None = field(default_factory=_env_checkpoint_dir)
+    """Where checkpoints go; a checkpoint found there is resumed. Default:
+    $CLOUDTRAIN_CHECKPOINT_DIR when set (`cloudtrain run` sets it), else None: no
+    checkpoints."""
     checkpoint_every_steps: int | None = None
     """Save every this many optimizer steps; None: not by steps."""
     checkpoint_every_seconds: float | Literal["auto"] | None = None
     """Save every this many seconds; "auto": Young's interval sqrt(2 * save_s * mtbf_s)
     from the measured save time; None: not by time."""
-    mtbf_s: float = 6 * 3600.0
-    """Expected seconds between interruptions, for the "auto" interval."""
+    mtbf_s: float = field(default_factory=_env_mtbf_s)
+    """Expected seconds between interruptions, for the "auto" interval. Default:
+    $CLOUDTRAIN_MTBF_S when set (`cloudtrain run --mtbf-hours/--interruption-band` sets
+    it), else 6 hours."""
     keep_checkpoints: int = 3
     """How many checkpoints to keep (the newest); older ones are deleted."""
     async_checkpoint: bool = False
@@ -112,6 +139,11 @@ class TrainConfig:
     """Price of the machine(s) for cost so far; None: cost is not shown."""
     progress: bool | Literal["auto"] = "auto"
     """Progress bar; "auto": on when stderr is a terminal (else a line every 10 s)."""
+    monitor: bool = True
+    """Sample GPUs and host (utilisation, memory, power, energy) on rank 0 while fitting,
+    into the run store under the run's id; off when `store` is False."""
+    monitor_interval_s: float = 1.0
+    """Seconds between monitor samples (> 0)."""
     tensorboard_dir: str | Path | None = None
     """Also write scalars for TensorBoard here (needs the tensorboard package); None: off."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -122,6 +154,7 @@ class TrainConfig:
         _check_batching(self)
         _check_choices(self)
         _check_checkpoints(self)
+        _positive("monitor_interval_s", self.monitor_interval_s, allow_none=False)
         if self.log_every_steps < 1:
             raise UserError(f"log_every_steps must be >= 1, not {self.log_every_steps}")
 

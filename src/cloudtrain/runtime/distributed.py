@@ -79,6 +79,17 @@ def any_true(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
+def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values` (same length on all ranks), by rank: one all_gather of a
+    small float64 tensor. A single process gets `[values]`."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
 def min_int(value: int, device: torch.device) -> int:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return value

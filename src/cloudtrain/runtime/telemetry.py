@@ -54,6 +54,14 @@ def device_peak(device: torch.device, peak_dtype: str) -> DevicePeak:
     return DevicePeak(spec.name, tflops * 1e12 if tflops else None)
 
 
+def device_name(device: torch.device) -> str:
+    """What the hardware calls itself: the CUDA device name, else the CPU model (or
+    the machine type when the OS does not say)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def memory_gib(device: torch.device) -> tuple[float | None, float | None, float | None]:
     """(allocated, reserved, peak allocated) in GiB; Nones on CPU."""
     if device.type != "cuda":
@@ -112,10 +120,13 @@ class RunRecorder:
             if not run_id:
                 continue
             try:
-                self._store.update_run(run_id, status="running")
+                run = self._store.get_run(run_id)
             except UnknownRunError:
                 continue
-            self.run_id = run_id
+            extra = {"gpu_name": gpu_name} if gpu_name and not run.gpu_name else {}
+            merged = {**run.config, **config}  # a launcher's keys stay; this fit's win
+            self._store.update_run(run.id, status="running", config=merged, **extra)
+            self.run_id = run.id
             break
         if self.run_id is None:
             self.run_id = self._store.create_run(
@@ -129,6 +140,11 @@ class RunRecorder:
                 command=list(sys.argv),
             )
         self._writer = BatchWriter(self._store, flush_interval_s=1.0)
+
+    @property
+    def store_path(self) -> Path | None:
+        """File of the open store; None when recording is off or finished."""
+        return Path(self._store.path) if self._store is not None else None
 
     def step(self, **fields: Any) -> None:
         if self._writer is None:
@@ -153,6 +169,23 @@ class RunRecorder:
         self._store.update_run(self.run_id, status=status, summary=summary)
         self._store.close()
         self._store = None
+
+
+def start_monitor(recorder: RunRecorder, interval_s: float) -> Any:
+    """A started `cloudtrain.monitor.Sampler` writing GPU and host samples to the
+    recorder's store under its run; None when recording is off, or when the run is one
+    that `cloudtrain watch` samples (two samplers would double-count energy). Its own
+    store connection, so sampling never waits on the training thread."""
+    path = recorder.store_path
+    if path is None or recorder.run_id is None:
+        return None
+    from cloudtrain.monitor import STACK_DUMP_ENV, Sampler, SamplerConfig
+
+    if os.environ.get(STACK_DUMP_ENV) and os.environ.get(RUN_ID_ENV) == recorder.run_id:
+        return None  # `cloudtrain watch -- ...` created this run and samples it already
+
+    config = SamplerConfig(interval_s=interval_s, flush_interval_s=max(1.0, interval_s))
+    return Sampler(config=config, store=path, run_id=recorder.run_id, pid=os.getpid()).start()
 
 
 class TensorBoardSink:

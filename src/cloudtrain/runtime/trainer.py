@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from cloudtrain.errors import UserError
+from cloudtrain.monitor import enable_stack_dumps_from_env
 from cloudtrain.runtime import distributed as D
 from cloudtrain.runtime.batch import batch_size, count_tokens, slice_batch, to_device
 from cloudtrain.runtime.batching import (
@@ -128,7 +129,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self._prepare_model()
         self.ckpt = self._checkpoint_manager()
         loaded = self.ckpt.load_latest(self._agree_index) if self.ckpt and cfg.resume else None
-        if loaded is not None and self.parallelism != "fsdp":
+        if loaded is not None and self.parallelism != "fsdp" and loaded.sharded_path is None:
             self.model.load_state_dict(loaded.state["model"])
         self.source = make_source(
             self.train_data,
@@ -146,8 +147,8 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self._choose_micro_batch(loaded)
         self.flops_per_sample = self._measure_flops()
         self._wrap_model()
-        if loaded is not None and self.parallelism == "fsdp":
-            self._fsdp_load_model(loaded.state["model"])
+        if loaded is not None and self.parallelism == "fsdp" and loaded.sharded_path is None:
+            self._fsdp_load_model(loaded.state["model"])  # a gathered (older) checkpoint
         self._build_optimizer(loaded)
         if loaded is not None and loaded.rank_state is not None:
             restore_rng(loaded.rank_state["rng"], self.device)
@@ -166,7 +167,8 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self.model.train()
 
     def _wrap_model(self) -> None:
-        if use_compile(self.config.compile, self.device):
+        self.compiled = use_compile(self.config.compile, self.device)
+        if self.compiled:
             self.model.compile()
         if self.parallelism == "ddp":
             self.wrapped = D.wrap_ddp(self.model, self.device, self.config.grad_compression)
@@ -187,7 +189,9 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         if loaded is None:
             return
         state = loaded.state
-        if self.parallelism == "fsdp":
+        if loaded.sharded_path is not None:
+            self._load_shards(loaded.sharded_path)  # model and optimizer together
+        elif self.parallelism == "fsdp":
             self._fsdp_load_optimizer(state["optimizer"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -282,6 +286,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
     def fit(self) -> FitResult:
         """Train until a limit in the config is reached; see FitResult. After SIGTERM or
         SIGUSR1: checkpoint, then exit with EXIT_PREEMPTED (or return, if configured)."""
+        enable_stack_dumps_from_env()  # `cloudtrain watch` can ask for every thread's stack
         self.preemption = PreemptionHandler(self.config.grace_period_s)
         self.preemption.install()  # a signal during setup stops before the first step
         try:
@@ -473,27 +478,45 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
     # ------------------------------------------------------------ finish
     def _finish(self, status: str, stopped_by: str) -> FitResult:
         try:
-            if status == "completed" and self.eval_data is not None:
-                self._run_eval()
             # after Ctrl-C only a single process can save safely (no collectives)
             can_save = status != "failed" and (status != "stopped" or not self.env.is_distributed)
+            if can_save and self.step > self.logged_step:
+                self._log()  # the last step is recorded even off the log_every_steps grid
+            if status == "completed" and self.eval_data is not None:
+                self._run_eval()
             if self.ckpt is not None:
                 if can_save and self.step > max(self.start_step, self.saved_step):
                     self.save_checkpoint(blocking=True)
                 else:
                     self.ckpt.wait()
+            self._stop_monitor()  # its last samples are written before the run ends
             result = self._result(stopped_by)
             self.recorder.finish(status, _json(result.to_dict()))
             for cb in self.callbacks if status != "failed" else ():
                 cb.on_fit_end(self, result)
             return result
         finally:
+            self._stop_monitor()
             self.progress.close()
             self.tensorboard.close()
             if self._owns_group:
-                import torch.distributed as dist
+                self._leave_process_group()
 
-                dist.destroy_process_group()
+    def _leave_process_group(self) -> None:
+        """Destroy the group and whatever still holds it while the interpreter is alive.
+
+        A DDP reducer or a pending gloo work object that is only freed during interpreter
+        finalization can abort the process ("terminate called without an active
+        exception"), and torchrun would count that as a failed worker.
+        """
+        import gc
+
+        import torch.distributed as dist
+
+        self.wrapped = self.model
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()
 
 
 def _rng_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

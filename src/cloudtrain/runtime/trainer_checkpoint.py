@@ -33,11 +33,13 @@ class CheckpointingMixin:
             return None
 
         rank_state = {"rng": capture_rng(self.device), "data": self.source.position.to_dict()}
+        fsdp = self.parallelism == "fsdp"
         path = self.ckpt.save(
             self.step,
             self._full_state,
             rank_state,
             async_write=self.config.async_checkpoint and not blocking,
+            sharded=self._save_shards if fsdp else None,
         )
         if blocking:
             self.ckpt.wait()
@@ -56,8 +58,10 @@ class CheckpointingMixin:
         return str(path)
 
     def _full_state(self) -> dict[str, Any]:
+        """What rank 0 writes to state.pt; under FSDP the model and optimizer are not in
+        it (each rank wrote its shards, see `_save_shards`)."""
         if self.parallelism == "fsdp":
-            model_state, optim_state = self._fsdp_full_state()
+            model_state, optim_state = None, None
         else:
             model_state, optim_state = self.model.state_dict(), self.optimizer.state_dict()
         return {
@@ -90,10 +94,34 @@ class CheckpointingMixin:
 
         return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
-    def _fsdp_full_state(self) -> tuple[dict, dict]:
+    def _sharded_state(self) -> dict[str, Any]:
+        """Model and optimizer state as DCP sees it: this rank's shards (DTensors) under
+        FSDP, whole tensors otherwise; optimizer state keyed by parameter name."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        return get_state_dict(self.model, self.optimizer, options=self._fsdp_options())
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optimizer": optim_state}
+
+    def _save_shards(self, directory) -> None:
+        from cloudtrain.runtime.sharded import save_sharded
+
+        save_sharded(self._sharded_state(), directory)
+
+    def _load_shards(self, directory) -> None:
+        """Model and optimizer from a sharded checkpoint (each rank reads its shards; a
+        checkpoint from another world size or parallelism is resharded by DCP)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        from cloudtrain.runtime.sharded import load_sharded
+
+        state = self._sharded_state()
+        load_sharded(state, directory)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
 
     def _fsdp_load_model(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict

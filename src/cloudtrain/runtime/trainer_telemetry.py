@@ -3,9 +3,12 @@ display, TensorBoard, evaluation and the final FitResult."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from typing import Any
 
+from cloudtrain.runtime import distributed as D
 from cloudtrain.runtime.checkpoint import LoadedCheckpoint
 from cloudtrain.runtime.evaluation import evaluate
 from cloudtrain.runtime.precision import autocast
@@ -14,9 +17,11 @@ from cloudtrain.runtime.result import FitResult
 from cloudtrain.runtime.telemetry import (
     RunRecorder,
     TensorBoardSink,
+    device_name,
     device_peak,
     host_info,
     memory_gib,
+    start_monitor,
 )
 from cloudtrain.runtime.trainstate import CheckpointClock, Meter
 
@@ -32,7 +37,7 @@ class TelemetryMixin:
         self.recorder = RunRecorder(cfg.store, enabled=main)
         self.recorder.start(
             name=cfg.run_name,
-            config=cfg.to_dict(),
+            config=self._resolved_config(),
             host=host_info(self.device, self.env.world_size),
             gpu_name=self.peak.gpu_name,
             gpu_count=self.env.world_size if self.device.type == "cuda" else 0,
@@ -54,8 +59,45 @@ class TelemetryMixin:
             cfg.checkpoint_every_seconds, cfg.mtbf_s, enabled=self.ckpt is not None
         )
         self.last_checkpoint = self.resumed_from
+        self.logged_step = self.step
+        """Newest step written to the store (the resume point before the first log)."""
         self.eval_loss: float | None = None
         self.started_monotonic = time.monotonic()
+        self.sampler = start_monitor(self.recorder, cfg.monitor_interval_s) if cfg.monitor else None
+
+    def _stop_monitor(self) -> None:
+        """Stop sampling and write the buffered samples (safe to call twice)."""
+        sampler, self.sampler = getattr(self, "sampler", None), None
+        if sampler is not None:
+            sampler.stop()
+
+    def _resolved_config(self) -> dict[str, Any]:
+        """The config as run: "auto" replaced by what was chosen, plus the device and
+        world. Keys match what `cloudtrain diagnose` reads (`resolved_precision`, `tf32`,
+        `num_workers`, ...); `requested` keeps the values that were replaced."""
+        asked = self.config.to_dict()
+        loader = getattr(self.source, "loader", None)
+        workers = getattr(loader, "num_workers", None)
+        resolved: dict[str, Any] = {
+            "precision": self.precision.name,
+            "tf32": self.precision.tf32,
+            "compile": self.compiled,
+            "channels_last": self.channels_last,
+            "micro_batch_size": self.micro_batch_size,
+            "parallelism": self.parallelism,
+            "device": str(self.device),
+            "num_workers": workers if workers is not None else asked["num_workers"],
+        }
+        changed = {k: asked[k] for k, v in resolved.items() if asked.get(k) != v}
+        return {
+            **asked,
+            **resolved,
+            "resolved_precision": self.precision.name,
+            "world_size": self.env.world_size,
+            "device_name": device_name(self.device),
+            "gpu_name": self.peak.gpu_name,
+            "requested": changed,
+        }
 
     def _log(self) -> None:
         stats = self.meter.read(self.step)
@@ -70,8 +112,11 @@ class TelemetryMixin:
         )
         allocated, reserved, peak = memory_gib(self.device)
         self.last_mfu = mfu
+        self.logged_step = self.step
+        ranks = self._gather_rank_times(stats, peak)
         lr = self.optimizer.param_groups[0]["lr"]
         if self.env.is_main:
+            self._record_other_ranks(ranks)
             self.recorder.step(
                 step=self.step,
                 rank=0,
@@ -108,6 +153,29 @@ class TelemetryMixin:
                     mfu,
                     self._cost_usd(),
                 )
+            )
+
+    def _gather_rank_times(self, stats, peak_gib: float | None) -> list[list[float]]:
+        """[step_s, data_wait_s, memory_peak_gib (nan: unknown)] of every rank; one
+        all_gather at log steps of distributed runs, nothing otherwise."""
+        if not self.env.is_distributed:
+            return []
+        mine = [stats.step_s, stats.data_wait_s, math.nan if peak_gib is None else peak_gib]
+        return D.gather_floats(mine, self.device)
+
+    def _record_other_ranks(self, ranks: list[list[float]]) -> None:
+        """One StepRecord per rank other than 0 (rank 0's is the full record), so the
+        straggler rule can compare ranks."""
+        for rank, (step_s, data_wait_s, peak_gib) in enumerate(ranks):
+            if rank == 0:
+                continue
+            self.recorder.step(
+                step=self.step,
+                rank=rank,
+                step_s=step_s,
+                data_wait_s=data_wait_s,
+                micro_batch=self.micro_batch_size,
+                memory_peak_gib=None if math.isnan(peak_gib) else peak_gib,
             )
 
     def _metric_keys(self, stats) -> dict[str, float]:

@@ -1,0 +1,50 @@
+"""TrainConfig defaults that a launcher sets through the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from _train_scripts import tiny
+from cloudtrain.errors import UserError
+from cloudtrain.runtime import TrainConfig, Trainer
+from cloudtrain.runtime.checkpoint import young_interval_s
+from cloudtrain.runtime.config import CHECKPOINT_DIR_ENV, DEFAULT_MTBF_S, MTBF_ENV
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv(CHECKPOINT_DIR_ENV, raising=False)
+    monkeypatch.delenv(MTBF_ENV, raising=False)
+
+
+def test_without_the_environment_the_defaults_stay():
+    cfg = TrainConfig(max_steps=1)
+    assert cfg.checkpoint_dir is None and cfg.mtbf_s == DEFAULT_MTBF_S
+
+
+def test_checkpoint_dir_and_mtbf_default_to_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(CHECKPOINT_DIR_ENV, str(tmp_path / "ck"))
+    monkeypatch.setenv(MTBF_ENV, "7200")
+    cfg = TrainConfig(max_steps=1, checkpoint_every_seconds="auto")
+    assert cfg.checkpoint_dir == str(tmp_path / "ck") and cfg.mtbf_s == 7200.0
+    explicit = TrainConfig(max_steps=1, checkpoint_dir=None, mtbf_s=60.0)
+    assert explicit.checkpoint_dir is None and explicit.mtbf_s == 60.0  # arguments win
+
+
+def test_the_auto_interval_uses_the_environments_mtbf(monkeypatch, tmp_path):
+    monkeypatch.setenv(CHECKPOINT_DIR_ENV, str(tmp_path / "ck"))
+    monkeypatch.setenv(MTBF_ENV, "50")
+    cfg = tiny.config(max_steps=3, checkpoint_every_seconds="auto")
+    trainer = Trainer(tiny.build_model(), tiny.plain_loss, tiny.dataset(), config=cfg)
+    result = trainer.fit()
+    assert result.last_checkpoint and (tmp_path / "ck").is_dir()
+    assert trainer.clock.mtbf_s == 50.0
+    save_s = trainer.ckpt.last_save_s  # the final checkpoint re-derives the interval
+    assert trainer.clock.interval_s == pytest.approx(young_interval_s(save_s, 50.0))
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf"])
+def test_a_bad_mtbf_in_the_environment_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv(MTBF_ENV, value)
+    with pytest.raises(UserError, match=MTBF_ENV):
+        TrainConfig(max_steps=1)

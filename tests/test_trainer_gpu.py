@@ -1,0 +1,124 @@
+"""The Trainer's CUDA paths, on a real GPU (skipped without one): what "auto" picks,
+a real CUDA out-of-memory, the memory probe, MFU and GPU samples in the store."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from _train_scripts import tiny
+from cloudtrain.catalog import resolve_gpu
+from cloudtrain.monitor import Nvml
+from cloudtrain.runtime import Trainer
+from cloudtrain.runtime.precision import resolve_precision
+from cloudtrain.runtime.setup import use_channels_last
+from cloudtrain.store import RunStore
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def _ampere_or_newer() -> bool:
+    return torch.cuda.get_device_capability(0) >= (8, 0)
+
+
+def _fit(model: nn.Module, loss=tiny.plain_loss, data=None, **overrides) -> tuple[Trainer, object]:
+    cfg = tiny.config(**{"max_steps": 3, "micro_batch_size": "auto", **overrides})
+    trainer = Trainer(model, loss, data if data is not None else tiny.dataset(), config=cfg)
+    return trainer, trainer.fit()
+
+
+def test_auto_precision_is_bf16_on_ampere_and_newer():
+    if not _ampere_or_newer():
+        pytest.skip("bf16 autocast needs compute capability 8.0+")
+    precision = resolve_precision("auto", torch.device("cuda:0"), allow_tf32=True)
+    assert precision.name == "bf16" and precision.autocast_dtype == torch.bfloat16
+    assert precision.tf32 and not precision.grad_scaler
+
+
+def test_defaults_enable_tf32_fused_adamw_and_compile():
+    trainer, result = _fit(tiny.build_model(dropout=0.0), store=True)
+    assert result.device == "cuda" and trainer.compiled
+    assert trainer.optimizer.defaults["fused"] is True
+    if _ampere_or_newer():
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    with RunStore.open() as store:
+        config = store.get_run(result.run_id).config
+    assert config["compile"] is True and config["device"].startswith("cuda")
+    assert config["resolved_precision"] == result.precision
+    assert config["device_name"] == torch.cuda.get_device_name(0)
+
+
+def test_conv_model_runs_channels_last():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 2))
+    images = torch.utils.data.TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 2, (16,)))
+    assert use_channels_last("auto", model, torch.device("cuda:0"))
+    seen = []
+
+    def loss(m, batch):
+        seen.append(batch[0].is_contiguous(memory_format=torch.channels_last))
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    trainer, result = _fit(model, loss, images, micro_batch_size=8, compile=False)
+    assert trainer.channels_last and result.steps == 3 and seen and all(seen)
+
+
+class _Hungry(nn.Module):
+    """Forward allocates `bytes_per_sample` per sample of real CUDA memory; above
+    `oom_above` samples it asks for twice the GPU's memory (a real CUDA OOM)."""
+
+    def __init__(self, bytes_per_sample: int = 0, oom_above: int | None = None) -> None:
+        super().__init__()
+        self.inner = tiny.build_model(dropout=0.0)
+        self.bytes_per_sample, self.oom_above = bytes_per_sample, oom_above
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if self.oom_above is not None and n > self.oom_above:
+            total = torch.cuda.get_device_properties(x.device).total_memory
+            torch.empty(2 * total, dtype=torch.uint8, device=x.device)
+        if self.bytes_per_sample:
+            buffer = torch.empty(n * self.bytes_per_sample, dtype=torch.uint8, device=x.device)
+            del buffer
+        return self.inner(x)
+
+
+def test_a_real_cuda_oom_halves_the_micro_batch():
+    model = _Hungry(oom_above=4)
+    _, result = _fit(model, micro_batch_size=8, compile=False)
+    assert result.steps == 3 and result.micro_batch_size == 4
+    assert result.oom_adjustments >= 1
+
+
+def test_auto_micro_batch_uses_the_cuda_memory_probe():
+    total = torch.cuda.get_device_properties(0).total_memory
+    model = _Hungry(bytes_per_sample=total // 64)  # 32 samples: half the GPU
+    data = torch.utils.data.TensorDataset(torch.randn(256, 6), torch.rand(256, 1).round())
+    _, result = _fit(model, data=data, global_batch_size=128, memory_target_fraction=0.5,
+                     compile=False)  # fmt: skip
+    assert 8 <= result.micro_batch_size < 32
+
+
+def test_mfu_is_computed_for_a_catalog_gpu():
+    if resolve_gpu(torch.cuda.get_device_name(0)) is None:
+        pytest.skip(f"{torch.cuda.get_device_name(0)} is not in the catalog")
+    _, result = _fit(tiny.build_model(dropout=0.0), max_steps=5, compile=False)
+    assert result.gpu_name is not None
+    assert result.mfu is not None and 0 < result.mfu < 1
+
+
+def test_a_fit_on_the_gpu_stores_gpu_samples():
+    nvml = Nvml()
+    if not nvml.available:
+        pytest.skip(f"NVML unavailable: {nvml.unavailable_reason}")
+    _, result = _fit(
+        tiny.build_model(dropout=0.0), max_steps=20, store=True, monitor_interval_s=0.05
+    )
+    with RunStore.open() as store:
+        samples = store.samples(result.run_id)
+    assert samples and any(s.metrics.get("gpu/0/memory_used_gib") for s in samples)
+    assert all(s.metrics.get("gpu/count", 0) >= 1 for s in samples)
