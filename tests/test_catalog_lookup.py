@@ -158,3 +158,12 @@ def test_bundled_regions_have_carbon_figures(bundled: Catalog):
         known = [r for r in regions if bundled.carbon_intensity(provider, r) is not None]
         assert known, f"no carbon intensity for any {provider} region"
     assert all(bundled.pue_for(p) >= 1.0 for p in providers)
+
+
+def test_did_you_mean_matches_aliases_and_suggests_the_canonical_name():
+    from cloudtrain.catalog import load_catalog
+    from cloudtrain.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError) as caught:
+        load_catalog(include_user=False).gpu("H10")
+    assert "did you mean H100-SXM" in str(caught.value)  # via its alias 'H100'

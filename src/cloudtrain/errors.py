@@ -8,7 +8,7 @@ Any other `CloudtrainError` is a failure of the tool or its environment: exit 1.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 
@@ -44,24 +44,45 @@ class DataError(UserError):
 class UnknownNameError(UserError):
     """A name (GPU, provider, preset, ...) that is not among the valid choices."""
 
-    def __init__(self, kind: str, name: str, choices: Iterable[str]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        choices: Iterable[str],
+        *,
+        aliases: Mapping[str, str] | None = None,
+    ) -> None:
         self.kind = kind
         self.name = name
         self.choices = sorted(set(choices))
-        super().__init__(f"unknown {kind} '{name}'{did_you_mean(name, self.choices)}")
+        hint = did_you_mean(name, self.choices, aliases=aliases)
+        super().__init__(f"unknown {kind} '{name}'{hint}")
 
 
 class StoreVersionError(CloudtrainError):
     """The run store was written by a newer cloudtrain than this one."""
 
 
-def did_you_mean(name: str, choices: Iterable[str], *, max_listed: int = 12) -> str:
-    """A suffix for error messages: '; did you mean X?' or the list of valid choices."""
+def did_you_mean(
+    name: str,
+    choices: Iterable[str],
+    *,
+    max_listed: int = 12,
+    aliases: Mapping[str, str] | None = None,
+) -> str:
+    """A suffix for error messages: '; did you mean X?' or the list of valid choices.
+
+    `aliases` maps other spellings to a choice: they are matched too, and the choice
+    they stand for is what gets suggested.
+    """
     options = sorted(set(choices))
     by_lower = {c.lower(): c for c in options}
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5)
-    if close:
-        return "; did you mean " + " or ".join(by_lower[c] for c in close) + "?"
+    for alias, choice in (aliases or {}).items():
+        by_lower.setdefault(alias.lower(), choice)
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=6, cutoff=0.5)
+    suggested = list(dict.fromkeys(by_lower[c] for c in close))[:3]
+    if suggested:
+        return "; did you mean " + " or ".join(suggested) + "?"
     if not options:
         return ""
     listed = ", ".join(options[:max_listed])

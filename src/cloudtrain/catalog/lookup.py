@@ -68,7 +68,8 @@ def gpu(catalog: Catalog, name: str) -> GPUSpec:
     """The spec named `name` (or one of its aliases); UnknownNameError with did-you-mean."""
     spec = resolve_gpu(catalog, name)
     if spec is None:
-        raise UnknownNameError("GPU", name, [g.name for g in catalog.gpus])
+        aliases = {alias: g.name for g in catalog.gpus for alias in g.aliases}
+        raise UnknownNameError("GPU", name, [g.name for g in catalog.gpus], aliases=aliases)
     return spec
 
 
