@@ -9,6 +9,19 @@ from typing import TYPE_CHECKING
 from cloudtrain.plan.result import Constraints, Estimate
 from cloudtrain.plan.workload import Workload
 
+FILTER_STAGES = (
+    "unknown_gpu",
+    "gpu",
+    "provider",
+    "region",
+    "country",
+    "min_gpu_memory",
+    "max_gpus",
+    "pricing",
+    "interruption_band",
+)
+"""Constraint checks on the offer alone, before anything is estimated."""
+
 if TYPE_CHECKING:
     from cloudtrain.plan.search import Tally
 
@@ -152,18 +165,5 @@ _HINTS: dict[str, Callable[[Workload, Constraints, Tally, str], str]] = {
     "precision": _precision_hint,
     "batch": _batch_hint,
     "spot_risk": _spot_hint,
-    **{
-        stage: _filter_hint
-        for stage in (
-            "unknown_gpu",
-            "gpu",
-            "provider",
-            "region",
-            "country",
-            "min_gpu_memory",
-            "max_gpus",
-            "pricing",
-            "interruption_band",
-        )
-    },
+    **dict.fromkeys(FILTER_STAGES, _filter_hint),
 }

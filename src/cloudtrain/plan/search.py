@@ -14,7 +14,13 @@ from cloudtrain.errors import UnknownNameError
 from cloudtrain.plan import perf
 from cloudtrain.plan.assumptions import Assumptions
 from cloudtrain.plan.cost import HOURS_PER_MONTH, hazard_per_node_hour, timeline
-from cloudtrain.plan.explain import explain_empty, explain_winner, pareto_frontier, rank_key
+from cloudtrain.plan.explain import (
+    FILTER_STAGES,
+    explain_empty,
+    explain_winner,
+    pareto_frontier,
+    rank_key,
+)
 from cloudtrain.plan.memory import (
     USABLE_MEMORY_FRACTION,
     MemoryFit,
@@ -27,15 +33,7 @@ from cloudtrain.plan.result import Constraints, Estimate, Plan
 from cloudtrain.plan.workload import Workload, model_flops_per_sample, steps_for
 
 STAGES = (
-    "unknown_gpu",
-    "gpu",
-    "provider",
-    "region",
-    "country",
-    "min_gpu_memory",
-    "max_gpus",
-    "pricing",
-    "interruption_band",
+    *FILTER_STAGES,
     "precision",
     "memory",
     "batch",
