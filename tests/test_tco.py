@@ -34,7 +34,8 @@ def test_seed_example():
     hours_used = 0.6 * 3 * 8760
     assert result.rent[0].total_usd == pytest.approx(3.2 * hours_used)  # $50,458
     # the seed says the cloud saves about 68%: 1 - 50,458 / 165,000 = 69%
-    assert 1 - result.rent[0].total_usd / result.buy_total_usd == pytest.approx(0.69, abs=0.01)
+    saving = 1 - result.rent[0].total_usd / result.buy_total_usd
+    assert saving == pytest.approx(0.69, abs=0.01)
     # break-even 165,000 / (3.2 x 26,280) = 196%: renting wins at any utilization
     assert result.break_even_utilization is None
     assert "rent" in result.verdict and "any utilization" in result.verdict
