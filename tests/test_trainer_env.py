@@ -31,6 +31,19 @@ def test_checkpoint_dir_and_mtbf_default_to_the_environment(monkeypatch, tmp_pat
     assert explicit.checkpoint_dir is None and explicit.mtbf_s == 60.0  # arguments win
 
 
+def test_a_checkpoint_dir_alone_checkpoints_on_youngs_interval(monkeypatch, tmp_path):
+    monkeypatch.setenv(MTBF_ENV, "50")
+    cfg = tiny.config(max_steps=3, checkpoint_dir=str(tmp_path / "ck"))
+    assert cfg.checkpoint_every_seconds == "auto"  # nothing asked: never lose work
+    trainer = Trainer(tiny.build_model(), tiny.plain_loss, tiny.dataset(), config=cfg)
+    trainer.fit()
+    assert trainer.clock.interval_s == pytest.approx(young_interval_s(trainer.ckpt.last_save_s, 50))
+    off = TrainConfig(max_steps=1, checkpoint_dir=str(tmp_path), checkpoint_every_seconds=None)
+    assert off.checkpoint_every_seconds is None
+    with pytest.raises(UserError, match="checkpoint_dir"):
+        TrainConfig(max_steps=1, checkpoint_every_seconds=60.0)
+
+
 def test_the_auto_interval_uses_the_environments_mtbf(monkeypatch, tmp_path):
     monkeypatch.setenv(CHECKPOINT_DIR_ENV, str(tmp_path / "ck"))
     monkeypatch.setenv(MTBF_ENV, "50")

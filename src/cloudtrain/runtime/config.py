@@ -102,9 +102,10 @@ class TrainConfig:
     checkpoints."""
     checkpoint_every_steps: int | None = None
     """Save every this many optimizer steps; None: not by steps."""
-    checkpoint_every_seconds: float | Literal["auto"] | None = None
+    checkpoint_every_seconds: float | Literal["auto"] | None = "auto"
     """Save every this many seconds; "auto": Young's interval sqrt(2 * save_s * mtbf_s)
-    from the measured save time; None: not by time."""
+    from the measured save time (only when there is a checkpoint_dir); None: not by time
+    (then only checkpoint_every_steps, preemption and the end of the fit save)."""
     mtbf_s: float = field(default_factory=_env_mtbf_s)
     """Expected seconds between interruptions, for the "auto" interval. Default:
     $CLOUDTRAIN_MTBF_S when set (`cloudtrain run --mtbf-hours/--interruption-band` sets
@@ -226,6 +227,6 @@ def _check_checkpoints(cfg: TrainConfig) -> None:
     _positive("grace_period_s", cfg.grace_period_s, allow_none=False)
     if cfg.keep_checkpoints < 1:
         raise UserError(f"keep_checkpoints must be >= 1, not {cfg.keep_checkpoints}")
-    wants = cfg.checkpoint_every_steps or cfg.checkpoint_every_seconds
-    if wants and cfg.checkpoint_dir is None:
+    timed = cfg.checkpoint_every_seconds not in (None, "auto")
+    if (cfg.checkpoint_every_steps or timed) and cfg.checkpoint_dir is None:
         raise UserError("checkpoint_every_* is set but checkpoint_dir is None; set checkpoint_dir")
