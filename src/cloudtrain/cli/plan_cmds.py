@@ -119,7 +119,7 @@ def _plan_rows(shown: Plan) -> list[list[str]]:
                 f"{e.mfu:.0%}",
                 duration(e.total_s),
                 money(e.cost, shown.currency),
-                f"{e.co2e_kg:,.0f}",
+                f"{e.co2e_kg:,.0f}" if e.co2e_kg >= 10 else f"{e.co2e_kg:.2g}",
             ]
         )
     return rows
