@@ -32,6 +32,16 @@ def test_plan_json_is_the_whole_plan(run_cli):
         assert estimate["total_s"] <= 72 * 3600
 
 
+def test_filters_take_comma_lists_like_offers(run_cli):
+    result = run_cli(
+        "plan", "--preset", "gpt2-124m", "--tokens", "1e9", "--provider", "aws,gcp",
+        "--top", "50", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    providers = {e["provider"] for e in json.loads(result.stdout)["estimates"]}
+    assert providers == {"aws", "gcp"}
+
+
 def test_plan_from_a_workload_file_with_constraints(run_cli, tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(

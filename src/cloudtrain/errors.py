@@ -59,8 +59,8 @@ class UnknownNameError(UserError):
         super().__init__(f"unknown {kind} '{name}'{hint}")
 
 
-class StoreVersionError(CloudtrainError):
-    """The run store was written by a newer cloudtrain than this one."""
+class StoreVersionError(UserError):
+    """The run store was written by a newer cloudtrain than this one (fix: upgrade)."""
 
 
 def did_you_mean(

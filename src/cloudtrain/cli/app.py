@@ -8,6 +8,7 @@ exits 2, any other failure prints one line and exits 1; `--debug` shows tracebac
 from __future__ import annotations
 
 import sys
+import traceback
 
 import typer
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         app(args=args, prog_name="cloudtrain")
     except UserError as error:
         if debug:
-            raise
+            traceback.print_exc()
         typer.echo(f"error: {error}", err=True)
         sys.exit(2)
     except Exception as error:

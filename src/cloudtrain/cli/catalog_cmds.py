@@ -100,11 +100,6 @@ def _num(value: float | None) -> str:
 # ---------------------------------------------------------------- offers
 
 
-def _split(values: list[str] | None) -> list[str]:
-    """Repeatable options that also take comma lists: ['A100,H100', 'L4'] -> 3 names."""
-    return [part.strip() for value in values or () for part in value.split(",") if part.strip()]
-
-
 def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:,.2f}" if value >= 10 else f"{value:.3f}"
 
@@ -157,7 +152,10 @@ def offers(
         raise UserError(f"--limit must be >= 0 (0 = all), got {limit}")
     catalog = _load(catalog_paths)
     found = find_offers(
-        catalog, gpu=_split(gpu), provider=_split(provider), region=_split(region),
+        catalog,
+        gpu=render.split_list(gpu),
+        provider=render.split_list(provider),
+        region=render.split_list(region),
         spot_only=spot, min_gpus=min_gpus, max_price_usd_per_hour=max_price,
         sort=SORT_FLAGS[sort],
     )  # fmt: skip

@@ -94,7 +94,7 @@ def run(
         spend = "" if outcome.spend_usd is None else f", spend {outcome.spend_usd:.4f} USD"
         typer.echo(
             f"run {outcome.run_id}: {outcome.status} after {len(outcome.attempts)} attempt(s)"
-            f"{spend}; checkpoints in {outcome.checkpoint_dir}",
+            f"{spend}; CLOUDTRAIN_CHECKPOINT_DIR was {outcome.checkpoint_dir}",
             err=True,
         )
     raise typer.Exit(outcome.exit_code)

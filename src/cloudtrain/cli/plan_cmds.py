@@ -197,8 +197,11 @@ def plan_command(
     flags = {
         "deadline_s": parse_duration_s(deadline) if deadline else None,
         "budget": budget, "currency": currency.upper() if currency else None,
-        "gpus": gpu, "providers": provider, "regions": region,
-        "countries": [c.upper() for c in country or []], "min_gpu_memory_gib": min_gpu_memory,
+        "gpus": render.split_list(gpu) or None,
+        "providers": render.split_list(provider) or None,
+        "regions": render.split_list(region) or None,
+        "countries": [c.upper() for c in render.split_list(country)],
+        "min_gpu_memory_gib": min_gpu_memory,
         "max_interruption_band": max_band, "max_nodes": max_nodes, "max_gpus": max_gpus,
         "pricings": _pricings(spot, reserved), "objective": objective,
     }  # fmt: skip

@@ -28,6 +28,11 @@ def to_jsonable(value: Any) -> Any:
     return str(value)
 
 
+def split_list(values: Iterable[str] | None) -> list[str]:
+    """Repeatable options that also take comma lists: ['A100,H100', 'L4'] -> 3 names."""
+    return [part.strip() for value in values or () for part in value.split(",") if part.strip()]
+
+
 def print_json(value: Any) -> None:
     json.dump(to_jsonable(value), sys.stdout, indent=2)
     sys.stdout.write("\n")
