@@ -261,3 +261,16 @@ def test_run_reads_run_settings_and_flags_win(run_cli, tmp_path):
     _write(tmp_path / "cloudtrain.toml", "[run]\nbudget_usd = 5.0\n")
     done = run_cli("run", "--", str(script), cwd=tmp_path)
     assert done.code == 2 and "--price" in done.stderr  # the budget setting took effect
+
+
+def test_diagnose_uses_the_catalog_paths_setting(run_cli, tmp_path, cloudtrain_home):
+    with RunStore.open(cloudtrain_home / "store.db") as store:
+        run_id = store.create_run("r", provider="aws", region="us-east-1")
+        store.update_run(run_id, status="completed")
+    _write(tmp_path / "pue.csv", "provider,pue,source,as_of\naws,1.42,our DC audit,2026-11-01\n")
+    _write(tmp_path / "cloudtrain.toml", "[catalog]\npaths = ['pue.csv']\n")
+    bundled = run_cli("diagnose", run_id, "--json")
+    configured = run_cli("diagnose", run_id, "--json", cwd=tmp_path)
+    assert bundled.code == configured.code == 0, configured.stderr
+    assert json.loads(bundled.stdout)["energy"]["pue"] == 1.15
+    assert json.loads(configured.stdout)["energy"]["pue"] == 1.42

@@ -22,7 +22,7 @@ from cloudtrain.catalog import (
 )
 from cloudtrain.catalog.query import bf16_by_gpu
 from cloudtrain.cli import render
-from cloudtrain.cli.config_cmds import catalog_paths as configured_catalog_paths
+from cloudtrain.cli.config_cmds import cli_catalog
 from cloudtrain.errors import UserError
 
 SORT_FLAGS = {"price": "price", "gpu-price": "price_per_gpu", "pflop-price": "price_per_pflop"}
@@ -35,10 +35,6 @@ CATALOG_HELP = (
 catalog_app = typer.Typer(
     help="The catalog: summary, and importing SkyPilot's price catalogs.", no_args_is_help=True
 )
-
-
-def _load(catalog_paths: list[Path] | None) -> Catalog:
-    return load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
 
 
 def _compact(out: Table) -> Table:
@@ -71,7 +67,7 @@ def gpus(
     catalog_paths: list[Path] | None = typer.Option(None, "--catalog", help=CATALOG_HELP),
 ) -> None:
     """List the GPUs the catalog knows (dense peak TFLOPS, never sparsity figures)."""
-    specs = _load(catalog_paths).gpus
+    specs = cli_catalog(catalog_paths).gpus
     if as_json:
         render.print_json(specs)
         return
@@ -150,7 +146,7 @@ def offers(
         raise UserError(f"unknown --sort '{sort}'; choose one of {', '.join(SORT_FLAGS)}")
     if limit < 0:
         raise UserError(f"--limit must be >= 0 (0 = all), got {limit}")
-    catalog = _load(catalog_paths)
+    catalog = cli_catalog(catalog_paths)
     found = find_offers(
         catalog,
         gpu=render.split_list(gpu),
@@ -180,7 +176,7 @@ def summary(
     catalog_paths: list[Path] | None = typer.Option(None, "--catalog", help=CATALOG_HELP),
 ) -> None:
     """What the catalog holds, and the cheapest on-demand and spot $/GPU-hour per GPU."""
-    result = catalog_summary(_load(catalog_paths))
+    result = catalog_summary(cli_catalog(catalog_paths))
     if as_json:
         render.print_json(result)
         return

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from cloudtrain.catalog import Catalog, load_catalog
 from cloudtrain.cli import render
 from cloudtrain.monitor.alerts import AlertConfig, alert_config_from
 from cloudtrain.settings import (
@@ -43,6 +44,11 @@ def catalog_paths(flag_paths: list[Path] | None) -> tuple[Path, ...]:
         return tuple(flag_paths)
     catalog: CatalogSettings = cli_settings().get("catalog")
     return catalog.paths
+
+
+def cli_catalog(flag_paths: list[Path] | None = None) -> Catalog:
+    """The catalog every command uses: bundled + user rows + --catalog or [catalog] paths."""
+    return load_catalog(extra_paths=catalog_paths(flag_paths))
 
 
 def alert_settings(**flags: Any) -> AlertConfig:

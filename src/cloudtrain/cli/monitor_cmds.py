@@ -12,8 +12,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cloudtrain.catalog import Catalog
 from cloudtrain.cli import render
-from cloudtrain.cli.config_cmds import alert_settings
+from cloudtrain.cli.config_cmds import alert_settings, cli_catalog
 from cloudtrain.diagnose import DoctorReport, diagnose_run, run_doctor
 from cloudtrain.errors import UserError
 from cloudtrain.monitor import AlertConfig, Sampler, SamplerConfig, open_nvml
@@ -53,9 +54,11 @@ def _alerts(
     )
 
 
-def _progress(store: RunStore, ref: str | None, sampler: Sampler) -> RunProgress | None:
+def _progress(
+    store: RunStore, ref: str | None, sampler: Sampler, catalog: Catalog
+) -> RunProgress | None:
     run = store.get_run(ref) if ref else active_run(store)
-    return None if run is None else run_progress(store, run, sampler.latest)
+    return None if run is None else run_progress(store, run, sampler.latest, catalog=catalog)
 
 
 def watch(
@@ -125,7 +128,7 @@ def _watch_once(run: str | None, as_json: bool) -> None:
     time.sleep(0.5)  # rates and CPU shares need two readings
     snapshot = sampler.read()
     with RunStore.open() as store:
-        progress = _progress(store, run, sampler)
+        progress = _progress(store, run, sampler, cli_catalog())
     if as_json:
         render.print_json({"snapshot": snapshot, "run": progress})
         return
@@ -135,13 +138,14 @@ def _watch_once(run: str | None, as_json: bool) -> None:
 def _watch_live(store: RunStore, run: str | None, config: SamplerConfig) -> None:
     sampler = Sampler(nvml=open_nvml(), config=config)
     sampler.read()
+    catalog = cli_catalog()  # once: the dashboard redraws every interval
     console = render.console()
     try:
         with Live(console=console, refresh_per_second=4, screen=False) as live:
             while True:
                 time.sleep(config.interval_s)
                 snapshot = sampler.read()
-                live.update(render_dashboard(snapshot, _progress(store, run, sampler)))
+                live.update(render_dashboard(snapshot, _progress(store, run, sampler, catalog)))
     except KeyboardInterrupt:
         return
 
@@ -156,9 +160,11 @@ def _watch_command(
     provider: str | None,
     region: str | None,
 ) -> int:
+    catalog = cli_catalog()
     watched = WatchedCommand(
         command,
         store,
+        catalog=catalog,
         name=name,
         alerts=alerts,
         sampler=config,
@@ -174,14 +180,17 @@ def _watch_command(
             watched.sampler.add_listener(
                 lambda snapshot: live.update(
                     render_dashboard(
-                        snapshot, run_progress(store, store.get_run(watched.run_id), snapshot)
+                        snapshot,
+                        run_progress(
+                            store, store.get_run(watched.run_id), snapshot, catalog=catalog
+                        ),
                     )
                 )
             )
             code = watched.wait()
     else:
         code = watched.wait()
-    diagnosis = diagnose_run(store, watched.run_id)
+    diagnosis = diagnose_run(store, watched.run_id, catalog=catalog)
     energy = diagnosis.energy
     console.print(
         f"run {diagnosis.run.name} ({watched.run_id}) {diagnosis.run.status}, exit code {code}; "
@@ -245,7 +254,7 @@ def diagnose(
 ) -> None:
     """Explain a run: findings with evidence, likely cause, fix and expected gain."""
     with RunStore.open() as store:
-        result = diagnose_run(store, run, save=save)
+        result = diagnose_run(store, run, catalog=cli_catalog(), save=save)
     if as_json:
         render.print_json(
             {
@@ -304,5 +313,5 @@ def report(
     if compare and len(runs) < 2:
         raise UserError("--compare needs at least two runs")
     with RunStore.open() as store:
-        path = write_report(store, runs, out)
+        path = write_report(store, runs, out, catalog=cli_catalog())
     typer.echo(str(path))

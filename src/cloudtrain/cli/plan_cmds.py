@@ -9,10 +9,9 @@ from typing import Any
 import typer
 
 from cloudtrain import paths
-from cloudtrain.catalog import Catalog, load_catalog
+from cloudtrain.catalog import Catalog
 from cloudtrain.cli import render
-from cloudtrain.cli.config_cmds import catalog_paths as configured_catalog_paths
-from cloudtrain.cli.config_cmds import plan_settings
+from cloudtrain.cli.config_cmds import cli_catalog, plan_settings
 from cloudtrain.errors import UserError
 from cloudtrain.plan import Constraints, Plan, Workload, load_workload_file, preset, tco
 from cloudtrain.plan import plan as make_plan
@@ -209,7 +208,7 @@ def plan_command(
     defaults = {"currency": configured.currency, "objective": configured.objective}
     constraints = _constraints({**defaults, **table}, flags)
     top = configured.top if top is None else top
-    catalog = load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
+    catalog = cli_catalog(catalog_paths)
     overrides = {"*": efficiency} if efficiency is not None else None
     if efficiency is not None and not 0.0 < efficiency <= 1.0:
         raise UserError("--efficiency must be in (0, 1]: a share of the dense peak")
@@ -239,7 +238,7 @@ def tco_command(
     catalog_paths: list[Path] = typer.Option(None, "--catalog", help=CATALOG_HELP),
 ) -> None:
     """Rent or buy: total cost over the years at a utilization, and the break-even."""
-    catalog: Catalog = load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
+    catalog: Catalog = cli_catalog(catalog_paths)
     result = tco(
         catalog, gpu, count, utilization, years, kwh_price_usd=kwh_price,
         purchase_usd=purchase_usd, ops_usd_per_year=ops_usd_per_year,
@@ -330,7 +329,7 @@ def bench_command(
 
     if data_dir is not None and not data_dir.is_dir():
         raise UserError(f"--data-dir {data_dir} is not a directory")
-    catalog = load_catalog(extra_paths=configured_catalog_paths(catalog_paths))
+    catalog = cli_catalog(catalog_paths)
     progress_console = render.console()
     progress_console.stderr = True
     with Progress(console=progress_console, transient=True) as progress:
