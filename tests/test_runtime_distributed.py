@@ -203,3 +203,40 @@ def test_every_rank_has_step_records_at_log_steps(tmp_path):
     assert by_rank == {0: [2, 4, 5], 1: [2, 4, 5]}  # the last step off the grid too
     assert all(s.step_s > 0 and s.data_wait_s is not None for s in steps)
     assert config["world_size"] == 2 and config["parallelism"] == "ddp"
+
+
+def test_ranks_agree_once_per_step_including_timed_checkpoints(tmp_path):
+    """Stop flags, the checkpoint clock and the OOM check share one host-side
+    all_reduce per step; time-based checkpoints land on the same step on every rank."""
+    results = _launch(
+        "--plain",
+        "--steps",
+        "8",
+        "--log-every",
+        "100",
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--every-seconds",
+        "0.01",
+        "--count-all-reduce",
+    )
+    for result in results:
+        assert result["stopped_by"] == "max_steps"
+        # the first step also carries setup (micro-batch size, the first stop check)
+        assert result["all_reduce_per_step"][1:] == [1] * 7
+    assert results[0]["checkpoint"] == results[1]["checkpoint"]
+    assert load_checkpoint(results[0]["checkpoint"]).step == 8
+
+
+def test_host_agreements_use_the_default_group_when_it_is_gloo(tmp_path):
+    import torch.distributed as dist
+
+    from cloudtrain.runtime import distributed as D
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    try:
+        assert D.host_group() is None  # gloo carries CPU tensors: no second group
+    finally:
+        dist.destroy_process_group()

@@ -122,3 +122,23 @@ def test_a_fit_on_the_gpu_stores_gpu_samples():
         samples = store.samples(result.run_id)
     assert samples and any(s.metrics.get("gpu/0/memory_used_gib") for s in samples)
     assert all(s.metrics.get("gpu/count", 0) >= 1 for s in samples)
+
+
+def test_host_agreements_under_nccl_go_through_a_gloo_group(tmp_path):
+    """Under NCCL the per-step flags travel as CPU tensors over a side gloo group, so
+    agreeing never waits for the GPU (a one-rank NCCL group shows the wiring)."""
+    import torch.distributed as dist
+
+    from cloudtrain.runtime import distributed as D
+
+    dist.init_process_group(
+        "nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    try:
+        group = D.host_group()
+        assert group is not None and dist.get_backend(group) == "gloo"
+        flags = torch.tensor([0, 1], dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        assert flags.tolist() == [0, 1] and D.host_group() is group  # created once
+    finally:
+        dist.destroy_process_group()

@@ -9,6 +9,7 @@ restore any RNG, or the data position, changes the losses.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -106,6 +107,29 @@ class SaveParams(Callback):
             torch.save(state, self.path)
 
 
+class CountAllReduce(Callback):
+    """All_reduce calls made from Python during each step (DDP's gradient buckets run in
+    C++ and are not counted): the agreements between ranks the loop pays for."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.calls = 0
+        self.per_step: list[int] = []
+        self._at_last_step = 0
+        real = dist.all_reduce
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        dist.all_reduce = counted
+
+    def on_step_end(self, trainer, step, loss) -> None:
+        self.per_step.append(self.calls - self._at_last_step)
+        self._at_last_step = self.calls
+
+
 def read_losses(path: str | Path) -> dict[int, float]:
     """Losses by step from a LossLog file; a later line for a step wins (a redone step)."""
     out: dict[int, float] = {}
@@ -137,6 +161,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--every", type=int, default=None, help="checkpoint_every_steps")
+    p.add_argument("--every-seconds", type=float, default=None, help="checkpoint_every_seconds")
+    p.add_argument("--count-all-reduce", action="store_true", help="report all_reduce per step")
     p.add_argument("--loss-log", default=None, help="JSON-lines file of rank 0's losses")
     p.add_argument("--params-out", default=None)
     p.add_argument("--signal-at", default=None, help="STEP:MICRO:SIGNAL[:COUNT] sent to itself")
@@ -191,11 +217,16 @@ def main(argv: list[str] | None = None) -> int:
         log_every_steps=args.log_every,
         monitor_interval_s=0.1,
     )
+    if args.every_seconds is not None:
+        cfg = dataclasses.replace(cfg, checkpoint_every_seconds=args.every_seconds)
     callbacks: list[Callback] = [LossLog(args.loss_log)]
     if args.oom_at:
         callbacks.append(LimitMemory(*(int(v) for v in args.oom_at.split(":"))))
     if args.params_out:
         callbacks.append(SaveParams(args.params_out))
+    counter = CountAllReduce() if args.count_all_reduce else None
+    if counter is not None:
+        callbacks.append(counter)
     trainer = Trainer(model, loss_fn, dataset(), config=cfg, callbacks=callbacks)
     holder["trainer"] = trainer
     result = trainer.fit()
@@ -206,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                 "stopped_by": result.stopped_by,
                 "micro": result.micro_batch_size,
                 "run_id": result.run_id,
+                "all_reduce_per_step": counter.per_step if counter else None,
+                "checkpoint": result.last_checkpoint,
             }
         )
     )

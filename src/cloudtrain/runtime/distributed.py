@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,40 +71,75 @@ def barrier() -> None:
         dist.barrier()
 
 
-def any_true(flag: bool, device: torch.device) -> bool:
-    """True on every rank when `flag` is True on any rank (one all_reduce)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+def _distributed() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
 
 
-def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+_host_group_of: list[Any] = [None, None]
+"""[default group, the group host agreements use with it (None: the default itself)];
+the default group is held so a new one can never be mistaken for it."""
+
+
+def host_group() -> Any:
+    """The process group for agreements between ranks on host values (flags, sizes,
+    timings): the default group when its backend carries CPU tensors (gloo), otherwise
+    a gloo group over the same ranks, created on first use. Agreeing on CPU tensors
+    never waits for the GPU; the same all_reduce on a CUDA tensor under NCCL would make
+    the host wait for every kernel queued before it, once per step.
+
+    Creating the group is itself collective: every rank gets here at the same point,
+    because every caller is a collective."""
+    world = dist.group.WORLD
+    if _host_group_of[0] is not world:
+        carries_cpu = "gloo" in str(dist.get_backend()).lower()
+        _host_group_of[:] = [world, None if carries_cpu else dist.new_group(backend="gloo")]
+    return _host_group_of[1]
+
+
+def _all_reduce_ints(values: list[int], op: Any) -> list[int]:
+    t = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(t, op=op, group=host_group())
+    return [int(v) for v in t.tolist()]
+
+
+def agree_flags(flags: list[bool]) -> list[bool]:
+    """Each flag True on every rank when it is True on any rank (one all_reduce on the
+    host, see host_group)."""
+    if not _distributed():
+        return list(flags)
+    agreed = _all_reduce_ints([1 if f else 0 for f in flags], dist.ReduceOp.MAX)
+    return [bool(v) for v in agreed]
+
+
+def any_true(flag: bool) -> bool:
+    """True on every rank when `flag` is True on any rank."""
+    return agree_flags([flag])[0]
+
+
+def gather_floats(values: list[float], device: Any = None) -> list[list[float]]:
     """Every rank's `values` (same length on all ranks), by rank: one all_gather of a
-    small float64 tensor. A single process gets `[values]`."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    small float64 CPU tensor. A single process gets `[values]`."""
+    if not _distributed():
         return [list(values)]
-    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    mine = torch.tensor(values, dtype=torch.float64)
     out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
+    dist.all_gather(out, mine, group=host_group())
     return [t.tolist() for t in out]
 
 
-def min_int(value: int, device: torch.device) -> int:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+def min_int(value: int) -> int:
+    """The smallest `value` over all ranks."""
+    if not _distributed():
         return value
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
+    return _all_reduce_ints([value], dist.ReduceOp.MIN)[0]
 
 
-def broadcast_int(value: int, device: torch.device) -> int:
+def broadcast_int(value: int) -> int:
     """Rank 0's `value` on every rank."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not _distributed():
         return value
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.broadcast(t, src=0)
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.broadcast(t, src=0, group=host_group())
     return int(t.item())
 
 
@@ -177,12 +213,3 @@ def _fsdp_no_sync(model: nn.Module):
         yield
     finally:
         model.set_requires_gradient_sync(True)
-
-
-def agree_flags(flags: list[bool], device: torch.device) -> list[bool]:
-    """Each flag True on every rank when it is True on any rank (one all_reduce)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return list(flags)
-    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]

@@ -54,6 +54,7 @@ from cloudtrain.runtime.setup import (
 from cloudtrain.runtime.telemetry import measure_flops
 from cloudtrain.runtime.trainer_checkpoint import CheckpointingMixin, _json
 from cloudtrain.runtime.trainer_telemetry import TelemetryMixin
+from cloudtrain.runtime.trainstate import StepFlags
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -113,6 +114,8 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self.scaler: torch.amp.GradScaler | None = None
         self.wrapped: nn.Module = model
         self.oom_adjustments = 0
+        self._agreed: StepFlags | None = None
+        """Distributed runs: the flags all ranks agreed on during the newest step."""
         self.saved_step = -1
         """Step of the newest checkpoint written by this fit() (-1: none yet)."""
 
@@ -212,7 +215,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         )
 
     def _agree_index(self, index: int) -> int:
-        return D.broadcast_int(index, self.device)
+        return D.broadcast_int(index)
 
     def _restore_trainer_state(self, loaded: LoadedCheckpoint | None) -> None:
         self.start_step = 0
@@ -237,7 +240,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
             micro = self._auto_micro_batch()
         else:
             micro = asked
-        self.micro_batch_size = D.min_int(min(micro, self.local_batch), self.device)
+        self.micro_batch_size = D.min_int(min(micro, self.local_batch))
 
     def _auto_micro_batch(self) -> int:
         batch = self._peek_batch()
@@ -334,14 +337,37 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
                 self._run_eval()
             self._maybe_checkpoint()
 
+    def _local_flags(self) -> StepFlags:
+        max_s = self.config.max_seconds
+        return StepFlags(
+            preempted=self.preemption.requested,
+            out_of_time=max_s is not None and time.monotonic() - self.started_monotonic >= max_s,
+            checkpoint_due=self.clock.due(),
+        )
+
+    def _agree_step_flags(self, oom: bool) -> bool:
+        """The one agreement between ranks per step, made before the micro-batch that
+        communicates: whether any rank ran out of memory (returned), and the StepFlags
+        every rank then acts on after the step. Host values only (see D.host_group)."""
+        local = self._local_flags()
+        flags = [oom, local.preempted, local.out_of_time, local.checkpoint_due]
+        oom, *agreed = D.agree_flags(flags)
+        self._agreed = StepFlags(*agreed)
+        return oom
+
+    def _step_flags(self) -> StepFlags:
+        """Single process: as of now. Distributed: as agreed during the step just done,
+        so every rank stops and checkpoints after the same step."""
+        if not self.env.is_distributed:
+            return self._local_flags()
+        if self._agreed is None:  # no step yet: a signal during setup stops here
+            self._agree_step_flags(oom=False)
+        return self._agreed
+
     def _stop_reason(self) -> str | None:
         cfg = self.config
-        elapsed = time.monotonic() - self.started_monotonic
-        out_of_time = cfg.max_seconds is not None and elapsed >= cfg.max_seconds
-        flags = [self.preemption.requested, out_of_time]
-        if self.env.is_distributed:
-            flags = D.agree_flags(flags, self.device)  # every rank stops after the same step
-        if flags[0]:
+        flags = self._step_flags()
+        if flags.preempted:
             signum = self.preemption.signal_received
             self.recorder.event(
                 "preemption",
@@ -355,7 +381,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
             return "max_steps"
         if self._epochs_done():
             return "max_epochs"
-        if flags[1]:
+        if flags.out_of_time:
             return "max_seconds"
         return None
 
@@ -405,7 +431,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         for i, (start, end) in enumerate(slices):
             last = i == len(slices) - 1
             if last and self.env.is_distributed:
-                oom = D.any_true(oom, self.device)  # before the micro-batch that communicates
+                oom = self._agree_step_flags(oom)
             if oom:
                 continue  # skip the work, but every rank still reaches the agreement above
             micro = to_device(
@@ -445,7 +471,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
                 f"step {self.step}: out of memory with micro_batch_size 1; use "
                 "activation_checkpointing, FSDP, a smaller model or a bigger GPU"
             )
-        self.micro_batch_size = D.min_int(max(1, old // 2), self.device)
+        self.micro_batch_size = D.min_int(max(1, old // 2))
         self.oom_adjustments += 1
         message = f"out of memory at step {self.step}: micro-batch {old} -> {self.micro_batch_size}"
         self._say(message + ", redoing the step")
@@ -498,7 +524,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         finally:
             self._stop_monitor()
             self.progress.close()
-            self.tensorboard.close()
+            self.sinks.close(status)
             if self._owns_group:
                 self._leave_process_group()
 

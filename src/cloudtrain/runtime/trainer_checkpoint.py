@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from cloudtrain.runtime import distributed as D
 from cloudtrain.runtime.checkpoint import capture_rng
 
 
@@ -21,10 +20,7 @@ class CheckpointingMixin:
             return
         every = self.config.checkpoint_every_steps
         due = every is not None and self.step % every == 0
-        due_by_time = self.clock.due()
-        if self.env.is_distributed and self.clock.enabled:
-            due_by_time = D.agree_flags([due_by_time], self.device)[0]
-        if due or due_by_time:
+        if due or self._step_flags().checkpoint_due:
             self.save_checkpoint()
 
     def save_checkpoint(self, *, blocking: bool = False) -> str | None:

@@ -1,4 +1,5 @@
-"""Small bookkeeping parts of the loop: the step meter and the checkpoint clock."""
+"""Small bookkeeping parts of the loop: the step meter, the checkpoint clock and the
+flags ranks agree on after each step."""
 
 from __future__ import annotations
 
@@ -88,6 +89,18 @@ class Meter:
     def totals(self, step: int) -> Totals:
         last = float(self._last_loss) if self._last_loss is not None else None
         return Totals(self.total_tokens, last)
+
+
+@dataclass(frozen=True)
+class StepFlags:
+    """What the loop acts on after a step; in distributed runs, agreed by all ranks."""
+
+    preempted: bool = False
+    """A stop signal (SIGTERM, SIGUSR1) arrived."""
+    out_of_time: bool = False
+    """max_seconds has passed."""
+    checkpoint_due: bool = False
+    """The checkpoint clock (checkpoint_every_seconds) says save now."""
 
 
 class CheckpointClock:
