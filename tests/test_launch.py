@@ -11,6 +11,7 @@ import torch
 
 from cloudtrain.errors import UserError
 from cloudtrain.launch.supervisor import (
+    TORCHRUN_MODULE,
     RunSpec,
     Supervisor,
     resolve_nproc,
@@ -26,7 +27,7 @@ SCRIPT = Path(__file__).parent / "_launch_scripts" / "trainer_train.py"
 
 def test_torchrun_command_single_node():
     cmd = torchrun_command(RunSpec(command=("t.py", "--x", "1"), nproc=2, grace_s=12), "key")
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[:3] == [sys.executable, "-m", TORCHRUN_MODULE]  # torchrun, quiet on a stop
     assert "--nproc-per-node=2" in cmd and "--standalone" in cmd and "--max-restarts=0" in cmd
     assert "--shutdown-timeout=12" in cmd
     assert cmd[-3:] == ["t.py", "--x", "1"]

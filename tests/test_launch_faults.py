@@ -100,12 +100,15 @@ def test_sigterm_checkpoints_inside_the_grace_period_and_resumes_exactly(tmp_pat
     took_s = time.monotonic() - sent
     assert proc.returncode == EXIT_INTERRUPTED, stderr[-3000:]
     assert took_s < grace_s
+    assert "Traceback" not in stderr and "SignalException" not in stderr, stderr[-3000:]
+    assert "cloudtrain run: stopped by SIGTERM after " in stderr
     stopped_at = _latest_step(ckpt)  # no periodic checkpoints: this one came from SIGTERM
     assert 5 <= stopped_at < 1000
     outcome = json.loads(stdout)
     with _store(cloudtrain_home) as store:
         assert store.get_run(outcome["run_id"]).status == "preempted"
-        assert [a.reason for a in store.attempts(outcome["run_id"])] == ["preempted"]
+        reasons = [a.reason for a in store.attempts(outcome["run_id"])]
+        assert reasons == ["preempted"], stderr[-3000:]
         assert store.events(outcome["run_id"], kind="preemption")
     # Run again: it resumes from that checkpoint and ends where a straight run ends.
     steps, out = stopped_at + 4, tmp_path / "final.pt"
@@ -128,6 +131,7 @@ def _run_into_budget(tmp_path: Path, home: Path) -> tuple[Path, float, dict]:
             home=home,
         )  # fmt: skip
         assert done.returncode == EXIT_BUDGET, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
         if (ckpt / "progress").exists():
             return ckpt, budget, json.loads(done.stdout)
     pytest.fail("training never started within a 36 USD (36 s) budget")

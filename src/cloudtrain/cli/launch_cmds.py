@@ -59,10 +59,17 @@ def run(
 
     Exit codes: 0 done, 1 failed after all restarts, 2 usage error, 3 stopped by the
     budget (resumable), 75 stopped by SIGTERM/SIGINT after checkpointing (resumable).
-    Price, budget, restarts and grace not given as flags come from the settings
-    (`run` section; see `cloudtrain config show`).
+    The last line on stderr says how it ended; after a stop, with the command that
+    resumes the run. Price, budget, restarts and grace not given as flags come from
+    the settings (`run` section; see `cloudtrain config show`).
     """
-    from cloudtrain.launch.supervisor import RunSpec, max_nodes, mtbf_s_from_band, supervise
+    from cloudtrain.launch.supervisor import (
+        RunSpec,
+        max_nodes,
+        mtbf_s_from_band,
+        summary_line,
+        supervise,
+    )
 
     if mtbf_hours is not None and band is not None:
         raise UserError("give --mtbf-hours or --interruption-band, not both")
@@ -90,13 +97,7 @@ def run(
     outcome = supervise(spec)
     if as_json:
         render.print_json(outcome)
-    else:
-        spend = "" if outcome.spend_usd is None else f", spend {outcome.spend_usd:.4f} USD"
-        typer.echo(
-            f"run {outcome.run_id}: {outcome.status} after {len(outcome.attempts)} attempt(s)"
-            f"{spend}; CLOUDTRAIN_CHECKPOINT_DIR was {outcome.checkpoint_dir}",
-            err=True,
-        )
+    typer.echo(f"cloudtrain run: {summary_line(outcome, spec.budget_usd)}", err=True)
     raise typer.Exit(outcome.exit_code)
 
 

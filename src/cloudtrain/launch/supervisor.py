@@ -1,9 +1,10 @@
 """`cloudtrain run`: supervise a training script under torchrun.
 
-torchrun (`python -m torch.distributed.run`, the elastic agent) starts and watches
-the worker processes, forwards signals to them and, in elastic multi-node mode,
-restarts them on membership changes. Around it the supervisor adds what torchrun
-does not have:
+torchrun (`python -m torch.distributed.run`, the elastic agent, run through
+`cloudtrain.launch._torchrun` so that a stop we ask for ends without torchrun's
+SignalException traceback) starts and watches the worker processes, forwards
+signals to them and, in elastic multi-node mode, restarts them on membership changes.
+Around it the supervisor adds what torchrun does not have:
 
 - one run in the store, with every launch of torchrun recorded as an attempt
   (exit code, reason, spend) and events for restarts, preemption and budget;
@@ -16,9 +17,11 @@ does not have:
   by the next check plus the grace period stops the job with a checkpoint.
 
 Exit codes of `cloudtrain run` (EXIT_*): 0 the script finished; 1 it failed after all
-restarts; 2 a usage error; 3 stopped by the budget (a checkpoint is there: raise the
-budget and run again to resume); 75 stopped by SIGTERM/SIGINT after the workers
-checkpointed (run again to resume; the Trainer exits with the same 75).
+restarts; 2 a usage error; 3 stopped by the budget (a checkpoint is there: run again
+to resume; the budget counts per run); 75 stopped by SIGTERM/SIGINT after the workers
+checkpointed (run again to resume; the Trainer exits with the same 75). On a stop
+`summary_line` says in one line what stopped the run, after how long, where the
+checkpoints are and the command that resumes it (`resume_command`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import contextlib
 import hashlib
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -51,6 +55,8 @@ GRACE_ENV = "CLOUDTRAIN_GRACE_S"
 MTBF_ENV = "CLOUDTRAIN_MTBF_S"
 """Expected seconds between interruptions of the job; the Trainer's default `mtbf_s`."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+TORCHRUN_MODULE = "cloudtrain.launch._torchrun"
+"""torchrun (torch.distributed.run) minus the traceback on a stop signal; see that module."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,12 @@ class RunOutcome:
     spend_usd: float | None
     """Summed over attempts; None without a price."""
     checkpoint_dir: str
+    duration_s: float = 0.0
+    """Wall time of the whole run: attempts and the waits between them."""
+    stopped_by: str | None = None
+    """"budget", or the stop signal ("SIGTERM", "SIGINT"); None: not stopped."""
+    resume_command: str | None = None
+    """The `cloudtrain run` line that resumes a stopped run; None: not stopped."""
 
 
 def mtbf_s_from_band(band: str, nodes: int = 1) -> float:
@@ -176,7 +188,7 @@ def resolve_nproc(nproc: int | str) -> int:
 
 def torchrun_command(spec: RunSpec, run_key: str) -> list[str]:
     """The torchrun invocation for one attempt."""
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd = [sys.executable, "-m", TORCHRUN_MODULE]
     cmd += [f"--nproc-per-node={resolve_nproc(spec.nproc)}"]
     if spec.nnodes is None:
         cmd += ["--standalone", "--max-restarts=0"]
@@ -285,15 +297,15 @@ class Supervisor:
                 pass
             elapsed_s = time.monotonic() - started
             if self.stopper.signal is not None:
-                reason = "preempted"
+                reason, cause = "preempted", signal.Signals(self.stopper.signal).name
                 self.recorder.preemption(self.stopper.signal, self.spec.grace_s)
             elif self._over_budget(elapsed_s):
-                reason = "budget"
+                reason = cause = "budget"
                 spend = self.spent_usd + self._spend(elapsed_s)
                 self.recorder.budget(spend, self.spec.budget_usd)
             else:
                 continue
-            self.say(f"{reason}: asking the workers to checkpoint (grace {self.spec.grace_s:g} s)")
+            self.say(f"{cause}: asking the workers to checkpoint (grace {self.spec.grace_s:g} s)")
             return self._stop(proc), reason
 
     def run_attempt(self, attempt: int, run_key_: str) -> AttemptOutcome:
@@ -323,12 +335,20 @@ class Supervisor:
     def run(self) -> RunOutcome:
         key = run_key(self.spec)
         outcomes: list[AttemptOutcome] = []
+        started = time.monotonic()
         with self.stopper.installed():
             status, exit_code = self._loop(key, outcomes)
         spend = self.spent_usd if self.spec.price_usd_per_hour is not None else None
+        stopped_by = None
+        if exit_code == EXIT_BUDGET:
+            stopped_by = "budget"
+        elif exit_code == EXIT_INTERRUPTED and self.stopper.signal is not None:
+            stopped_by = signal.Signals(self.stopper.signal).name
         outcome = RunOutcome(
-            self.recorder.run_id, status, exit_code, tuple(outcomes), spend, self.checkpoint_dir
-        )
+            self.recorder.run_id, status, exit_code, tuple(outcomes), spend, self.checkpoint_dir,
+            duration_s=time.monotonic() - started, stopped_by=stopped_by,
+            resume_command=None if stopped_by is None else resume_command(self.spec),
+        )  # fmt: skip
         self.recorder.finished(outcome)
         return outcome
 
@@ -369,3 +389,70 @@ def supervise(
 def spec_config(spec: RunSpec) -> dict[str, Any]:
     """The spec as plain values, for the run's config in the store."""
     return asdict(spec)
+
+
+def resume_command(spec: RunSpec) -> str:
+    """The `cloudtrain run` line that runs `spec` again (shell-quoted); the script resumes
+    from the checkpoints in its (absolute) checkpoint directory. Values that came from
+    the settings are written out; the budget is per run, so the same `--budget` allows
+    that much more spend."""
+    args = ["cloudtrain", "run"]
+    if spec.nproc != 1:
+        args += ["--nproc", str(spec.nproc)]
+    if spec.nnodes is not None and spec.rdzv_endpoint is not None:
+        args += ["--nnodes", spec.nnodes, "--rdzv", spec.rdzv_endpoint]
+    defaults = RunSpec(command=spec.command)
+    if spec.max_restarts != defaults.max_restarts:
+        args += ["--max-restarts", str(spec.max_restarts)]
+    if spec.price_usd_per_hour is not None:
+        args += ["--price", _number(spec.price_usd_per_hour)]
+    if spec.budget_usd is not None:
+        args += ["--budget", _number(spec.budget_usd)]
+    if spec.grace_s != defaults.grace_s:
+        args += ["--grace-s", _number(spec.grace_s)]
+    if spec.backoff_s != defaults.backoff_s:
+        args += ["--backoff-s", _number(spec.backoff_s)]
+    args += ["--checkpoint-dir", str(Path(spec.checkpoint_dir).expanduser().resolve())]
+    if spec.name is not None:
+        args += ["--name", spec.name]
+    if spec.mtbf_s is not None:
+        args += ["--mtbf-hours", f"{spec.mtbf_s / 3600:.6g}"]
+    return shlex.join([*args, "--", *spec.command])
+
+
+def _number(value: float) -> str:
+    """`value` for a command line: short, and exact to 12 significant digits."""
+    return f"{value:.12g}"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for people: "7.5 s", "12 min 5 s", "3 h 07 min"."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def summary_line(outcome: RunOutcome, budget_usd: float | None = None) -> str:
+    """One line on how the run ended; on a stop: what stopped it, after how long, where
+    the checkpoints are and how to resume. `budget_usd`: the run's budget, shown on a
+    budget stop; None: not shown."""
+    count = len(outcome.attempts)
+    facts = f"run {outcome.run_id}, {count} attempt{'' if count == 1 else 's'}"
+    if outcome.spend_usd is not None:
+        facts += f", spend {outcome.spend_usd:.2f}"
+        if outcome.stopped_by == "budget" and budget_usd is not None:
+            facts += f" of {budget_usd:g}"
+        facts += " USD"
+    took = format_duration(outcome.duration_s)
+    if outcome.stopped_by is None:
+        return (
+            f"{outcome.status} after {took} ({facts}); "
+            f"CLOUDTRAIN_CHECKPOINT_DIR was {outcome.checkpoint_dir}"
+        )
+    cause = "the budget" if outcome.stopped_by == "budget" else outcome.stopped_by
+    return (
+        f"stopped by {cause} after {took} ({facts}); checkpoints in "
+        f"{outcome.checkpoint_dir}; resume with: {outcome.resume_command}"
+    )
