@@ -147,3 +147,19 @@ def test_bundled_catalog_meets_the_coverage_the_planner_needs():
     summary = catalog_summary(load_catalog(include_user=False))
     assert summary.offer_count >= 60 and summary.provider_count >= 6
     assert summary.spot_offer_count > 0
+
+
+def test_every_offer_is_found_by_its_ref_in_any_case():
+    from cloudtrain.catalog import find_offer, load_catalog, offer_ref
+
+    catalog = load_catalog()
+    for offer in catalog.offers:
+        assert find_offer(catalog, offer_ref(offer)) is offer
+        assert find_offer(catalog, offer_ref(offer).upper()) is offer
+    kinds = [(o.provider, o.instance_type) for o in catalog.offers]
+    only_one_region = [
+        o for o, kind in zip(catalog.offers, kinds, strict=True) if kinds.count(kind) == 1
+    ]
+    for offer in only_one_region:  # PROVIDER/INSTANCE is enough
+        assert find_offer(catalog, f"{offer.provider}/{offer.instance_type}") is offer
+    assert only_one_region

@@ -108,3 +108,18 @@ def test_plan_uses_the_latest_bench_of_that_gpu(run_cli):
         "plan", "--preset", "gpt2-124m", "--gpu", "A100-80GB", "--efficiency", "0.3", "--json"
     )
     assert json.loads(forced.stdout)["estimates"][0]["efficiency"] == 0.3
+
+
+def test_plan_ends_with_the_run_command_for_its_best_offer(run_cli):
+    from cloudtrain.catalog import find_offer, load_catalog
+
+    result = run_cli("plan", "--preset", "llama-7b", "--tokens", "20e9", "--deadline", "72h")
+    assert result.code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-2].startswith("Run it on each of the")
+    command = lines[-1].split()
+    assert command[:3] == ["cloudtrain", "run", "--offer"] and command[-2:] == ["--", "train.py"]
+    flags = dict(zip(command[2:-2:2], command[3:-2:2], strict=True))
+    offer = find_offer(load_catalog(), flags["--offer"])
+    assert flags["--pricing"] in ("on-demand", "spot", "reserved")
+    assert int(flags["--nproc"]) == offer.gpu_count and int(flags["--nnodes"]) > 1

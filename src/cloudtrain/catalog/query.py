@@ -205,3 +205,40 @@ def catalog_summary(catalog: Catalog) -> CatalogSummary:
         providers=tuple(providers),
         gpus=tuple(_gpu_prices(name, offers) for name, offers in by_gpu.items()),
     )
+
+
+def offer_ref(offer: Offer) -> str:
+    """How commands name one offer: PROVIDER/REGION/INSTANCE_TYPE."""
+    return f"{offer.provider}/{offer.region}/{offer.instance_type}"
+
+
+def find_offer(catalog: Catalog, ref: str) -> Offer:
+    """The offer named by `ref`: PROVIDER/REGION/INSTANCE_TYPE (as `offer_ref` writes
+    it), or PROVIDER/INSTANCE_TYPE when the instance is offered in one region only.
+    Case-insensitive. A ref that names nothing, or several regions, raises a UserError
+    that says what to write instead."""
+    parts = [p.strip() for p in ref.split("/")]
+    if len(parts) not in (2, 3) or not all(parts):
+        raise UserError(
+            f"offer '{ref}' should be PROVIDER/REGION/INSTANCE (e.g. aws/us-east-1/p5.48xlarge)"
+        )
+    provider = next(iter(_providers(catalog, parts[:1])))
+    instance = parts[-1].lower()
+    mine = [o for o in catalog.offers if o.provider.casefold() == provider]
+    same_type = [o for o in mine if o.instance_type.lower() == instance]
+    if not same_type:
+        types = {o.instance_type for o in mine}
+        raise UnknownNameError(f"{parts[0]} instance type", parts[-1], types)
+    if len(parts) == 3:
+        matches = [o for o in same_type if o.region.lower() == parts[1].lower()]
+        if not matches:
+            regions = {o.region for o in same_type}
+            raise UnknownNameError(f"region for {parts[0]} {parts[-1]}", parts[1], regions)
+        return matches[0]
+    if len(same_type) > 1:
+        refs = ", ".join(offer_ref(o) for o in same_type[:6])
+        raise UserError(
+            f"offer '{ref}' is in {len(same_type)} regions; name one: {refs}"
+            + (", ..." if len(same_type) > 6 else "")
+        )
+    return same_type[0]

@@ -37,6 +37,15 @@ def run(
     ),
     budget: float | None = typer.Option(None, "--budget", help="Stop before spend passes USD."),
     price: float | None = typer.Option(None, "--price", help="USD per hour of this machine."),
+    offer: str | None = typer.Option(
+        None,
+        "--offer",
+        help="The catalog offer this machine is, PROVIDER/REGION/INSTANCE: its price "
+        "(per --pricing) and, on spot, its interruption band's MTBF.",
+    ),
+    pricing: str = typer.Option(
+        "on-demand", "--pricing", help="With --offer: on-demand, spot or reserved."
+    ),
     grace_s: float | None = typer.Option(
         None, "--grace-s", help="Seconds workers get to checkpoint (default: 30)."
     ),
@@ -73,6 +82,12 @@ def run(
 
     if mtbf_hours is not None and band is not None:
         raise UserError("give --mtbf-hours or --interruption-band, not both")
+    if offer is not None:
+        if price is not None:
+            raise UserError("give --price or --offer, not both")
+        price, offer_band = _offer_terms(offer, pricing)
+        if mtbf_hours is None and band is None:
+            band = offer_band
     mtbf_s = mtbf_hours * 3600.0 if mtbf_hours is not None else None
     if band is not None:
         mtbf_s = mtbf_s_from_band(band, max_nodes(nnodes))
@@ -99,6 +114,35 @@ def run(
         render.print_json(outcome)
     typer.echo(f"cloudtrain run: {summary_line(outcome, spec.budget_usd)}", err=True)
     raise typer.Exit(outcome.exit_code)
+
+
+PRICINGS = ("on-demand", "spot", "reserved")
+
+
+def _offer_terms(ref: str, pricing: str) -> tuple[float, str | None]:
+    """(USD per hour of one node, interruption band on spot or None) of a catalog offer."""
+    from cloudtrain.catalog import find_offer, offer_ref
+    from cloudtrain.cli.config_cmds import cli_catalog
+    from cloudtrain.errors import UnknownNameError
+
+    pricing = pricing.replace("_", "-")  # as `plan --json` spells it: on_demand
+    if pricing not in PRICINGS:
+        raise UnknownNameError("--pricing", pricing, PRICINGS)
+    chosen = find_offer(cli_catalog(), ref)
+    price = {
+        "on-demand": chosen.price_usd_per_hour,
+        "spot": chosen.spot_usd_per_hour,
+        "reserved": chosen.reserved_usd_per_hour,
+    }[pricing]
+    if price is None:
+        raise UserError(f"{offer_ref(chosen)} has no {pricing} price in the catalog; use --price")
+    band = chosen.interruption_band if pricing == "spot" else None
+    note = f", interruption band {band}" if band else ""
+    typer.echo(
+        f"cloudtrain run: {offer_ref(chosen)} {pricing} at {price:.4g} USD/h per node{note}",
+        err=True,
+    )
+    return price, band
 
 
 def _positive_int(text: str, flag: str) -> int:

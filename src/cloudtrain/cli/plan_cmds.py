@@ -153,6 +153,18 @@ def _print_plan(result: Plan, top: int) -> None:
             "'spot N': N interruptions expected; `--json` lists every assumption.",
             highlight=False,
         )
+        where = f" on each of the {best.nodes} nodes" if best.nodes > 1 else ""
+        out.print(f"Run it{where}:\n  {run_hint(best)}", highlight=False, soft_wrap=True)
+
+
+def run_hint(best: Any) -> str:
+    """The `cloudtrain run` line for a plan's estimate (the same on every node)."""
+    pricing = best.pricing.replace("_", "-")
+    line = f"cloudtrain run --offer {best.provider}/{best.region}/{best.instance_type}"
+    line += f" --pricing {pricing} --nproc {best.gpus_per_node}"
+    if best.nodes > 1:
+        line += f" --nnodes {best.nodes} --rdzv HOST:29400"
+    return line + " -- train.py"
 
 
 def plan_command(

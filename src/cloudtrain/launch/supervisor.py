@@ -54,6 +54,8 @@ ATTEMPT_ENV = "CLOUDTRAIN_ATTEMPT"
 GRACE_ENV = "CLOUDTRAIN_GRACE_S"
 MTBF_ENV = "CLOUDTRAIN_MTBF_S"
 """Expected seconds between interruptions of the job; the Trainer's default `mtbf_s`."""
+NODE_PRICE_ENV = "CLOUDTRAIN_NODE_PRICE_USD_PER_HOUR"
+"""Price of one node; the Trainer's default price is this times the number of nodes."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 TORCHRUN_MODULE = "cloudtrain.launch._torchrun"
 """torchrun (torch.distributed.run) minus the traceback on a stop signal; see that module."""
@@ -274,6 +276,8 @@ class Supervisor:
         env[GRACE_ENV] = f"{self.spec.grace_s:g}"
         if self.spec.mtbf_s is not None:
             env[MTBF_ENV] = repr(float(self.spec.mtbf_s))
+        if self.spec.price_usd_per_hour is not None:
+            env[NODE_PRICE_ENV] = repr(float(self.spec.price_usd_per_hour))
         return env
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> int:
