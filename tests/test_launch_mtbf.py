@@ -83,3 +83,55 @@ def test_cloudtrain_run_hands_dir_and_mtbf_to_train_config(run_cli, tmp_path, fl
 def test_cli_rejects_both_mtbf_flags(run_cli):
     done = run_cli("run", "--mtbf-hours", "3", "--interruption-band", "<5%", "--", "t.py")
     assert done.code == 2 and "not both" in done.stderr
+
+
+OFFER_SCRIPT = """
+import json, sys
+from cloudtrain.runtime import TrainConfig
+cfg = TrainConfig(max_steps=1)
+json.dump({"price": cfg.price_usd_per_hour, "mtbf_s": cfg.mtbf_s}, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_cloudtrain_run_on_a_spot_offer_prices_the_run_and_sets_the_mtbf(run_cli, tmp_path):
+    """The offer's spot price reaches the Trainer (cost so far) and its interruption band
+    sets the checkpoint MTBF, the way `cloudtrain plan` priced and risked it."""
+    from cloudtrain.catalog import find_offer, load_catalog
+
+    offer = find_offer(load_catalog(), "aws/us-east-1/p5.48xlarge")
+    script = tmp_path / "show.py"
+    script.write_text(OFFER_SCRIPT)
+    out = tmp_path / "seen.json"
+    done = run_cli(
+        "run",
+        "--offer",
+        "aws/us-east-1/p5.48xlarge",
+        "--pricing",
+        "spot",
+        "--",
+        str(script),
+        str(out),
+        cwd=tmp_path,
+    )
+    assert done.code == 0, done.stderr[-2000:]
+    seen = json.loads(out.read_text())
+    assert seen["price"] == pytest.approx(offer.spot_usd_per_hour)  # one node
+    assert seen["mtbf_s"] == pytest.approx(mtbf_s_from_band(offer.interruption_band))
+    assert "aws/us-east-1/p5.48xlarge spot" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--offer", "aws/us-east-1/p5.48xlarge", "--price", "3"], "not both"),
+        (["--offer", "aws/us-east-1/p5.48xlarge", "--pricing", "spto"], "did you mean spot"),
+        (["--offer", "aws/p5.48xlarge"], "name one: aws/us-east-1/p5.48xlarge"),
+        (["--offer", "aws/us-east-1/p5.48xlarg"], "did you mean p5.48xlarge"),
+        (["--offer", "lambda/gpu_1x_h100_sxm5", "--pricing", "spot"], "no spot price"),
+    ],
+)
+def test_cli_offer_mistakes_are_one_line_errors(run_cli, flags, message):
+    done = run_cli("run", *flags, "--", "t.py")
+    assert done.code == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

@@ -8,18 +8,27 @@ from _train_scripts import tiny
 from cloudtrain.errors import UserError
 from cloudtrain.runtime import TrainConfig, Trainer
 from cloudtrain.runtime.checkpoint import young_interval_s
-from cloudtrain.runtime.config import CHECKPOINT_DIR_ENV, DEFAULT_MTBF_S, MTBF_ENV
+from cloudtrain.runtime.config import (
+    CHECKPOINT_DIR_ENV,
+    DEFAULT_MTBF_S,
+    MTBF_ENV,
+    NODE_PRICE_ENV,
+)
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     monkeypatch.delenv(CHECKPOINT_DIR_ENV, raising=False)
     monkeypatch.delenv(MTBF_ENV, raising=False)
+    monkeypatch.delenv(NODE_PRICE_ENV, raising=False)
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_without_the_environment_the_defaults_stay():
     cfg = TrainConfig(max_steps=1)
     assert cfg.checkpoint_dir is None and cfg.mtbf_s == DEFAULT_MTBF_S
+    assert cfg.price_usd_per_hour is None
 
 
 def test_checkpoint_dir_and_mtbf_default_to_the_environment(monkeypatch, tmp_path):
@@ -60,4 +69,21 @@ def test_the_auto_interval_uses_the_environments_mtbf(monkeypatch, tmp_path):
 def test_a_bad_mtbf_in_the_environment_names_the_variable(monkeypatch, value):
     monkeypatch.setenv(MTBF_ENV, value)
     with pytest.raises(UserError, match=MTBF_ENV):
+        TrainConfig(max_steps=1)
+
+
+@pytest.mark.parametrize(("world", "per_node", "nodes"), [(None, None, 1), (8, 8, 1), (16, 8, 2)])
+def test_the_job_price_is_the_node_price_times_the_nodes(monkeypatch, world, per_node, nodes):
+    monkeypatch.setenv(NODE_PRICE_ENV, "19.66")
+    if world is not None:
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+    assert TrainConfig(max_steps=1).price_usd_per_hour == pytest.approx(19.66 * nodes)
+    assert TrainConfig(max_steps=1, price_usd_per_hour=3.0).price_usd_per_hour == 3.0
+
+
+@pytest.mark.parametrize("value", ["cheap", "-1", "inf"])
+def test_a_bad_node_price_in_the_environment_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv(NODE_PRICE_ENV, value)
+    with pytest.raises(UserError, match=NODE_PRICE_ENV):
         TrainConfig(max_steps=1)

@@ -12,32 +12,54 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cloudtrain.errors import UserError
+from cloudtrain.paths import home_dir
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8")
 PARALLELISMS = ("auto", "none", "ddp", "fsdp")
 GRAD_COMPRESSIONS = ("bf16", "fp16", "powersgd")
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+"""Characters W&B does not allow in a project name."""
 CHECKPOINT_DIR_ENV = "CLOUDTRAIN_CHECKPOINT_DIR"
 """Default `checkpoint_dir`; set by `cloudtrain run`."""
 MTBF_ENV = "CLOUDTRAIN_MTBF_S"
 """Default `mtbf_s` in seconds; set by `cloudtrain run` from --mtbf-hours or the band."""
 DEFAULT_MTBF_S = 6 * 3600.0
+NODE_PRICE_ENV = "CLOUDTRAIN_NODE_PRICE_USD_PER_HOUR"
+"""Price of one node; set by `cloudtrain run --price/--offer`."""
 
 
 def _env_checkpoint_dir() -> str | None:
     return os.environ.get(CHECKPOINT_DIR_ENV) or None
 
 
-def _env_mtbf_s() -> float:
-    text = os.environ.get(MTBF_ENV)
+def _env_number(name: str, allow_zero: bool = False) -> float | None:
+    """$name as a finite number > 0 (>= 0 with allow_zero); None when unset."""
+    text = os.environ.get(name)
     if not text:
-        return DEFAULT_MTBF_S
+        return None
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise UserError(f"${MTBF_ENV} must be a positive number of seconds, not {text!r}")
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        wanted = "a number >= 0" if allow_zero else "a positive number"
+        raise UserError(f"${name} must be {wanted}, not {text!r}")
     return value
+
+
+def _env_mtbf_s() -> float:
+    value = _env_number(MTBF_ENV)
+    return DEFAULT_MTBF_S if value is None else value
+
+
+def _env_job_price() -> float | None:
+    """The node price `cloudtrain run` hands over, times the nodes of the torchrun job."""
+    node_price = _env_number(NODE_PRICE_ENV, allow_zero=True)
+    if node_price is None:
+        return None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return node_price * max(1, world // max(1, per_node))
 
 
 @dataclass
@@ -136,8 +158,10 @@ class TrainConfig:
     """Name of the run in the store; None: generated."""
     store: bool | str | Path = True
     """Record the run in the run store: True (the default store), a path, or False."""
-    price_usd_per_hour: float | None = None
-    """Price of the machine(s) for cost so far; None: cost is not shown."""
+    price_usd_per_hour: float | None = field(default_factory=_env_job_price)
+    """Price of all the job's machines, for cost so far; None: cost is not shown.
+    Default: $CLOUDTRAIN_NODE_PRICE_USD_PER_HOUR (set by `cloudtrain run --price` or
+    `--offer`) times the number of nodes of the torchrun job; None when unset."""
     progress: bool | Literal["auto"] = "auto"
     """Progress bar; "auto": on when stderr is a terminal (else a line every 10 s)."""
     monitor: bool = True
@@ -147,6 +171,13 @@ class TrainConfig:
     """Seconds between monitor samples (> 0)."""
     tensorboard_dir: str | Path | None = None
     """Also write scalars for TensorBoard here (needs the tensorboard package); None: off."""
+    wandb: bool | str | Path = False
+    """Also write scalars to an offline Weights & Biases run (needs the wandb package;
+    nothing is sent, upload later with `wandb sync`). True: under `checkpoint_dir`, or
+    the cloudtrain home when there is none (see `wandb_dir()`); a path: under it;
+    False: off."""
+    wandb_project: str = "cloudtrain"
+    """W&B project of that run (used by `wandb sync`)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form values recorded with the run's config (e.g. model size)."""
 
@@ -155,9 +186,21 @@ class TrainConfig:
         _check_batching(self)
         _check_choices(self)
         _check_checkpoints(self)
+        _check_sinks(self)
         _positive("monitor_interval_s", self.monitor_interval_s, allow_none=False)
         if self.log_every_steps < 1:
             raise UserError(f"log_every_steps must be >= 1, not {self.log_every_steps}")
+
+    def wandb_dir(self) -> Path | None:
+        """Folder the offline W&B run goes under (as `<it>/wandb/offline-run-*`); None
+        when `wandb` is False."""
+        if self.wandb is False:
+            return None
+        if self.wandb is not True:
+            return Path(self.wandb).expanduser()
+        if self.checkpoint_dir is not None:
+            return Path(self.checkpoint_dir).expanduser()
+        return home_dir()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (paths as strings)."""
@@ -230,3 +273,30 @@ def _check_checkpoints(cfg: TrainConfig) -> None:
     timed = cfg.checkpoint_every_seconds not in (None, "auto")
     if (cfg.checkpoint_every_steps or timed) and cfg.checkpoint_dir is None:
         raise UserError("checkpoint_every_* is set but checkpoint_dir is None; set checkpoint_dir")
+
+
+def _is_dir_value(value: object) -> bool:
+    return isinstance(value, Path) or (isinstance(value, str) and value.strip() != "")
+
+
+def _check_sinks(cfg: TrainConfig) -> None:
+    if cfg.tensorboard_dir is not None and not _is_dir_value(cfg.tensorboard_dir):
+        raise UserError(
+            f"TrainConfig.tensorboard_dir must be a directory path or None, "
+            f"not {cfg.tensorboard_dir!r}"
+        )
+    if not (isinstance(cfg.wandb, bool) or _is_dir_value(cfg.wandb)):
+        raise UserError(
+            f"TrainConfig.wandb must be True, False or a directory path, not {cfg.wandb!r}"
+        )
+    project = cfg.wandb_project
+    if not isinstance(project, str) or not project.strip() or len(project) > 128:
+        raise UserError(
+            f"TrainConfig.wandb_project must be a name of 1 to 128 characters, not {project!r}"
+        )
+    bad = sorted({c for c in project if c in WANDB_PROJECT_FORBIDDEN})
+    if bad:
+        raise UserError(
+            f"TrainConfig.wandb_project {project!r} may not contain {' '.join(bad)}; "
+            f"use letters, digits, '-', '_' or '.'"
+        )

@@ -116,7 +116,7 @@ def any_true(flag: bool) -> bool:
     return agree_flags([flag])[0]
 
 
-def gather_floats(values: list[float], device: Any = None) -> list[list[float]]:
+def gather_floats(values: list[float]) -> list[list[float]]:
     """Every rank's `values` (same length on all ranks), by rank: one all_gather of a
     small float64 CPU tensor. A single process gets `[values]`."""
     if not _distributed():

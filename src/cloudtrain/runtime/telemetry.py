@@ -1,10 +1,9 @@
 """What a run reports: FLOPs per sample (measured once), MFU against the catalog's
-dense peak, memory, the run record and per-step rows in the store, and an optional
-TensorBoard sink. Only rank 0 writes."""
+dense peak, memory, and the run record and per-step rows in the store (the optional
+TensorBoard and W&B outputs are in `cloudtrain.runtime.sinks`). Only rank 0 writes."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import socket
@@ -186,29 +185,3 @@ def start_monitor(recorder: RunRecorder, interval_s: float) -> Any:
 
     config = SamplerConfig(interval_s=interval_s, flush_interval_s=max(1.0, interval_s))
     return Sampler(config=config, store=path, run_id=recorder.run_id, pid=os.getpid()).start()
-
-
-class TensorBoardSink:
-    """Scalars to TensorBoard when the package is installed; otherwise nothing."""
-
-    def __init__(self, log_dir: str | Path | None, enabled: bool) -> None:
-        self.writer = None
-        if log_dir is None or not enabled:
-            return
-        if importlib.util.find_spec("tensorboard") is None:
-            sys.stderr.write("cloudtrain: tensorboard is not installed; no TensorBoard output\n")
-            return
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(str(log_dir))
-
-    def scalars(self, step: int, values: dict[str, float | None]) -> None:
-        if self.writer is None:
-            return
-        for key, value in values.items():
-            if value is not None:
-                self.writer.add_scalar(key, value, step)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()

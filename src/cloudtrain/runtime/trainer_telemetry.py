@@ -1,5 +1,5 @@
 """The Trainer's reporting side: the run in the store, per-step records, the progress
-display, TensorBoard, evaluation and the final FitResult."""
+display, the metric sinks (TensorBoard, W&B offline), evaluation and the final FitResult."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from cloudtrain.runtime.evaluation import evaluate
 from cloudtrain.runtime.precision import autocast
 from cloudtrain.runtime.progress import ProgressDisplay, Snapshot
 from cloudtrain.runtime.result import FitResult
+from cloudtrain.runtime.sinks import open_sinks, step_scalars
 from cloudtrain.runtime.telemetry import (
     RunRecorder,
-    TensorBoardSink,
     device_name,
     device_peak,
     host_info,
@@ -52,7 +52,16 @@ class TelemetryMixin:
                 step=loaded.step,
             )
             self._say(f"resumed from {loaded.path} (step {loaded.step})")
-        self.tensorboard = TensorBoardSink(cfg.tensorboard_dir, enabled=main)
+        self.sinks = open_sinks(
+            tensorboard_dir=cfg.tensorboard_dir,
+            wandb_dir=cfg.wandb_dir(),
+            wandb_project=cfg.wandb_project,
+            run_name=self.recorder.run_id or cfg.run_name,
+            run_config={**self._resolved_config(), "cloudtrain_run_id": self.recorder.run_id},
+            enabled=main,
+        )
+        """Where scalars go besides the store (closed by _finish); opened before
+        the clocks start, so starting W&B is not counted as training time."""
         self.progress = ProgressDisplay(cfg.progress if main else False, cfg.max_steps, self.step)
         self.meter = Meter(self.device, self.step)
         self.clock = CheckpointClock(
@@ -117,7 +126,7 @@ class TelemetryMixin:
         lr = self.optimizer.param_groups[0]["lr"]
         if self.env.is_main:
             self._record_other_ranks(ranks)
-            self.recorder.step(
+            record = dict(
                 step=self.step,
                 rank=0,
                 step_s=stats.step_s,
@@ -135,15 +144,8 @@ class TelemetryMixin:
                 memory_peak_gib=peak,
                 metrics=self._metric_keys(stats),
             )
-            self.tensorboard.scalars(
-                self.step,
-                {
-                    "train/loss": stats.loss,
-                    "perf/mfu": mfu,
-                    "optim/lr": float(lr),
-                    **self._metric_keys(stats),
-                },
-            )
+            self.recorder.step(**record)
+            self.sinks.scalars(self.step, step_scalars(record))
             self.progress.update(
                 Snapshot(
                     self.step,
@@ -161,7 +163,7 @@ class TelemetryMixin:
         if not self.env.is_distributed:
             return []
         mine = [stats.step_s, stats.data_wait_s, math.nan if peak_gib is None else peak_gib]
-        return D.gather_floats(mine, self.device)
+        return D.gather_floats(mine)
 
     def _record_other_ranks(self, ranks: list[list[float]]) -> None:
         """One StepRecord per rank other than 0 (rank 0's is the full record), so the
@@ -205,7 +207,7 @@ class TelemetryMixin:
             channels_last=self.channels_last,
         )
         if self.env.is_main:
-            self.tensorboard.scalars(self.step, {"eval/loss": self.eval_loss})
+            self.sinks.scalars(self.step, {"eval/loss": self.eval_loss})
         for cb in self.callbacks:
             cb.on_eval(self, self.step, self.eval_loss)
 
