@@ -17,6 +17,7 @@ from cloudtrain.catalog.loader import KIND_NAMES, load_catalog
 from cloudtrain.catalog.lookup import DEFAULT_PUE
 from cloudtrain.catalog.names import normalize_gpu_name
 from cloudtrain.catalog.query import (
+    PRICINGS,
     SORTS,
     CatalogSummary,
     GPUPrices,
@@ -24,6 +25,7 @@ from cloudtrain.catalog.query import (
     find_offer,
     find_offers,
     hourly_price,
+    offer_price,
     offer_ref,
     price_per_gpu_hour,
     price_per_pflop_hour,
@@ -42,6 +44,7 @@ from cloudtrain.catalog.types import (
 __all__ = [
     "DEFAULT_PUE",
     "KIND_NAMES",
+    "PRICINGS",
     "SORTS",
     "Catalog",
     "CatalogSummary",
@@ -61,6 +64,7 @@ __all__ = [
     "import_skypilot",
     "load_catalog",
     "normalize_gpu_name",
+    "offer_price",
     "offer_ref",
     "price_per_gpu_hour",
     "price_per_pflop_hour",

@@ -15,6 +15,22 @@ SORTS = ("price", "price_per_gpu", "price_per_pflop")
 PFLOP/s of the instance (gpu_count * bf16_tflops / 1000)."""
 
 
+PRICINGS = ("on_demand", "spot", "reserved")
+"""How an instance can be paid for: on demand, on the spot market, a 1-year reservation."""
+
+
+def offer_price(offer: Offer, pricing: str) -> float | None:
+    """USD per hour of the whole instance under `pricing` (one of PRICINGS); None when
+    the catalog has no such price for it."""
+    if pricing == "on_demand":
+        return offer.price_usd_per_hour
+    if pricing == "spot":
+        return offer.spot_usd_per_hour
+    if pricing == "reserved":
+        return offer.reserved_usd_per_hour
+    raise UnknownNameError("pricing", pricing, PRICINGS)
+
+
 def hourly_price(offer: Offer, spot: bool = False) -> float | None:
     """The instance's $/h: spot if `spot` (None without a spot price), else on-demand."""
     return offer.spot_usd_per_hour if spot else offer.price_usd_per_hour

@@ -116,24 +116,17 @@ def run(
     raise typer.Exit(outcome.exit_code)
 
 
-PRICINGS = ("on-demand", "spot", "reserved")
-
-
 def _offer_terms(ref: str, pricing: str) -> tuple[float, str | None]:
     """(USD per hour of one node, interruption band on spot or None) of a catalog offer."""
-    from cloudtrain.catalog import find_offer, offer_ref
+    from cloudtrain.catalog import PRICINGS, find_offer, offer_price, offer_ref
     from cloudtrain.cli.config_cmds import cli_catalog
     from cloudtrain.errors import UnknownNameError
 
-    pricing = pricing.replace("_", "-")  # as `plan --json` spells it: on_demand
-    if pricing not in PRICINGS:
-        raise UnknownNameError("--pricing", pricing, PRICINGS)
+    key = pricing.replace("-", "_")  # the catalog's spelling: on_demand
+    if key not in PRICINGS:
+        raise UnknownNameError("--pricing", pricing, [p.replace("_", "-") for p in PRICINGS])
     chosen = find_offer(cli_catalog(), ref)
-    price = {
-        "on-demand": chosen.price_usd_per_hour,
-        "spot": chosen.spot_usd_per_hour,
-        "reserved": chosen.reserved_usd_per_hour,
-    }[pricing]
+    price = offer_price(chosen, key)
     if price is None:
         raise UserError(f"{offer_ref(chosen)} has no {pricing} price in the catalog; use --price")
     band = chosen.interruption_band if pricing == "spot" else None

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from cloudtrain.plan.assumptions import Assumptions
 
 HOURS_PER_MONTH = 730.0
-PRICINGS = ("on_demand", "spot", "reserved")
 
 
 def hazard_per_node_hour(monthly_rate: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cloudtrain.catalog.query import offer_price
 from cloudtrain.catalog.types import Catalog, GPUSpec, Offer
 from cloudtrain.plan.assumptions import Assumptions
 from cloudtrain.plan.cost import Timeline, energy_kwh
@@ -35,11 +36,7 @@ class Candidate:
 
 def hourly_usd(offer: Offer, pricing: str) -> float:
     """Price of one instance per hour under `pricing` (which the offer must have)."""
-    price = {
-        "on_demand": offer.price_usd_per_hour,
-        "spot": offer.spot_usd_per_hour,
-        "reserved": offer.reserved_usd_per_hour,
-    }[pricing]
+    price = offer_price(offer, pricing)
     if price is None:
         raise ValueError(f"{offer.instance_type} has no {pricing} price")
     return price

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cloudtrain.catalog.query import PRICINGS
 from cloudtrain.errors import UserError
-from cloudtrain.plan.cost import PRICINGS
 from cloudtrain.plan.workload import Workload
 
 OBJECTIVES = ("cost", "time", "carbon")
