@@ -12,6 +12,7 @@ Reports tokens/s or images/s, MFU against the catalog peak, c/b (target >= 0.97)
 and c/a. Batches are pre-made in pinned host memory and copied each step by all three.
 
     python benchmarks/train_throughput.py [--steps 300] [--repeats 3] [--out FILE]
+    python benchmarks/train_throughput.py --skip-cpu --smoke --cuda-steps 4   # CPU check
 """
 
 from __future__ import annotations
@@ -160,41 +161,53 @@ def _cycle(batch) -> Any:
     return Repeat()
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _hand_loop(
     model, loss_fn, batch, steps, warmup, *, tuned: bool, channels_last: bool, device
 ) -> float:
+    cuda = device.type == "cuda"
     model = model.to(device)
     if tuned:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
-        model.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=tuned)
+        if cuda:
+            model.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=tuned and cuda)
     t0 = 0.0
     for i in range(steps):
         x, y = (t.to(device, non_blocking=True) for t in batch)
         if tuned and channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=tuned):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tuned):
             loss = loss_fn(model, (x, y))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i + 1 == warmup:
-            torch.cuda.synchronize(device)
+            _sync(device)
             t0 = time.perf_counter()
-    torch.cuda.synchronize(device)
+    _sync(device)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     return (time.perf_counter() - t0) / (steps - warmup)
 
 
-def _trainer_loop(model, loss_fn, batch, steps, warmup, home: Path) -> float:
+def _trainer_loop(model, loss_fn, batch, steps, warmup, home: Path, device) -> float:
     clock = StepClock(warmup, steps)
     n = batch[0].shape[0]
     cfg = TrainConfig(
-        max_steps=steps, global_batch_size=n, lr=1e-4, progress=False, store=home / "store.db"
+        max_steps=steps,
+        global_batch_size=n,
+        lr=1e-4,
+        progress=False,
+        store=home / "store.db",
+        device=device.type,
     )
     Trainer(model, loss_fn, _cycle(batch), config=cfg, callbacks=[clock]).fit()
     return clock.seconds / (steps - warmup)
@@ -203,43 +216,26 @@ def _trainer_loop(model, loss_fn, batch, steps, warmup, home: Path) -> float:
 def _flops_per_step(build, loss_fn, batch, device) -> float:
     model = build().to(device)
     x, y = (t.to(device) for t in batch)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         return measure_flops(lambda: loss_fn(model, (x, y)).backward())
 
 
-def compare_cuda(name, build, loss_fn, batch, unit_per_step, steps, warmup, channels_last):
-    device = torch.device("cuda")
+def compare(name, build, loss_fn, batch, unit_per_step, steps, warmup, channels_last, device):
+    """(a) plain fp32, (b) hand-tuned and (c) Trainer-with-defaults on `device`."""
     flops = _flops_per_step(build, loss_fn, batch, device)
     prec = resolve_precision("auto", device, allow_tf32=True)
     peaks = {
         "fp32": device_peak(device, "fp32").peak_flops,
         "bf16": device_peak(device, prec.peak_dtype).peak_flops,
     }
+    loop = dict(channels_last=channels_last, device=device)
     with tempfile.TemporaryDirectory() as home:
         times = {
-            "a_plain_fp32": _hand_loop(
-                build(),
-                loss_fn,
-                batch,
-                steps,
-                warmup,
-                tuned=False,
-                channels_last=channels_last,
-                device=device,
-            ),
-            "b_hand_tuned": _hand_loop(
-                build(),
-                loss_fn,
-                batch,
-                steps,
-                warmup,
-                tuned=True,
-                channels_last=channels_last,
-                device=device,
-            ),
-            "c_trainer": _trainer_loop(build(), loss_fn, batch, steps, warmup, Path(home)),
+            "a_plain_fp32": _hand_loop(build(), loss_fn, batch, steps, warmup, tuned=False, **loop),
+            "b_hand_tuned": _hand_loop(build(), loss_fn, batch, steps, warmup, tuned=True, **loop),
+            "c_trainer": _trainer_loop(build(), loss_fn, batch, steps, warmup, Path(home), device),
         }
-    out: dict[str, Any] = {"model": name, "flops_per_step": flops}
+    out: dict[str, Any] = {"model": name, "device": str(device), "flops_per_step": flops}
     for key, step_s in times.items():
         peak = peaks["fp32"] if key.startswith("a_") else peaks["bf16"]
         out[key] = {
@@ -253,47 +249,51 @@ def compare_cuda(name, build, loss_fn, batch, unit_per_step, steps, warmup, chan
     return out
 
 
-def cuda_benchmarks(steps: int) -> dict[str, Any]:
+FULL = {"vocab": 50304, "block": 1024, "layers": 12, "heads": 12, "dim": 768, "seqs": 16,
+        "images": 256, "pixels": 224, "classes": 1000}  # fmt: skip
+SMOKE = {"vocab": 256, "block": 32, "layers": 2, "heads": 2, "dim": 64, "seqs": 4,
+         "images": 4, "pixels": 32, "classes": 10}  # fmt: skip
+"""Tiny sizes that run the same code on a CPU in seconds (`--smoke`, the CI check)."""
+
+
+def model_benchmarks(steps: int, device: torch.device, sizes: dict[str, int]) -> dict[str, Any]:
     from gpt import GPT, GPTConfig, gpt_loss
     from resnet import resnet50
 
-    warmup = max(10, steps // 5)
-    seqs, t = 16, 1024
-    tokens = torch.randint(0, 50304, (seqs, t + 1)).pin_memory()
+    warmup = max(2, steps // 5)
+    pin = device.type == "cuda"
+    seqs, t = sizes["seqs"], sizes["block"]
+    tokens = torch.randint(0, sizes["vocab"], (seqs, t + 1))
     gpt_batch = (tokens[:, :-1], tokens[:, 1:])
 
     def build_gpt() -> nn.Module:
         torch.manual_seed(0)
-        return GPT(GPTConfig(50304, t, 12, 12, 768))
+        cfg = GPTConfig(sizes["vocab"], t, sizes["layers"], sizes["heads"], sizes["dim"])
+        return GPT(cfg)
 
-    images = torch.randn(256, 3, 224, 224).pin_memory()
-    labels = torch.randint(0, 1000, (256,)).pin_memory()
+    n, px = sizes["images"], sizes["pixels"]
+    images = torch.randn(n, 3, px, px)
+    labels = torch.randint(0, sizes["classes"], (n,))
+    if pin:
+        gpt_batch = tuple(b.pin_memory() for b in gpt_batch)
+        images, labels = images.pin_memory(), labels.pin_memory()
 
     def classify(model, batch):
         return F.cross_entropy(model(batch[0]).float(), batch[1])
 
+    def build_resnet() -> nn.Module:
+        return resnet50(sizes["classes"])
+
     return {
-        "gpt2_124m": compare_cuda(
-            "GPT-2 124M, T=1024, batch 16 (tokens/s)",
-            build_gpt,
-            gpt_loss,
-            gpt_batch,
-            seqs * t,
-            steps,
-            warmup,
-            False,
+        "gpt2_124m": compare(
+            f"GPT T={t}, batch {seqs}, {sizes['layers']}x{sizes['dim']} (tokens/s)",
+            build_gpt, gpt_loss, gpt_batch, seqs * t, steps, warmup, False, device,
         ),
-        "resnet50": compare_cuda(
-            "ResNet-50, 224x224, batch 256 (images/s)",
-            resnet50,
-            classify,
-            (images, labels),
-            256,
-            steps,
-            warmup,
-            True,
+        "resnet50": compare(
+            f"ResNet-50, {px}x{px}, batch {n} (images/s)",
+            build_resnet, classify, (images, labels), n, steps, warmup, True, device,
         ),
-    }
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -302,13 +302,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cuda-steps", type=int, default=50)
     p.add_argument("--skip-cpu", action="store_true")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run the GPU comparison's code at tiny sizes on this machine's CPU (a check, "
+        "not a measurement); results under 'smoke'",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     payload: dict[str, Any] = {}
     if not args.skip_cpu:
         payload["cpu"] = cpu_overhead(args.steps, args.repeats, hidden=256)
         payload["cpu_small"] = cpu_overhead(args.steps // 2, args.repeats, hidden=1024)
-    payload["cuda"] = cuda_benchmarks(args.cuda_steps) if torch.cuda.is_available() else None
+    if args.smoke:
+        payload["smoke"] = model_benchmarks(args.cuda_steps, torch.device("cpu"), SMOKE)
+    elif torch.cuda.is_available():
+        payload["cuda"] = model_benchmarks(args.cuda_steps, torch.device("cuda"), FULL)
+    else:
+        payload["cuda"] = None
     write_result("train_throughput", payload, args.out)
 
 

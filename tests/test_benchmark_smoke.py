@@ -1,0 +1,35 @@
+"""The GPU throughput comparison's code, run at tiny sizes on the CPU, so a session
+with a GPU spends its minutes measuring rather than finding a bug in the script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_throughput.py"
+
+
+@pytest.mark.slow
+def test_train_throughput_smoke_runs_all_three_loops_for_both_models(tmp_path):
+    out = tmp_path / "smoke.json"
+    args = ["--skip-cpu", "--smoke", "--cuda-steps", "4", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    smoke = json.loads(out.read_text())["smoke"]
+    assert set(smoke) == {"gpt2_124m", "resnet50"}
+    for result in smoke.values():
+        assert result["device"] == "cpu" and result["flops_per_step"] > 0
+        times = {k: result[k]["step_s"] for k in ("a_plain_fp32", "b_hand_tuned", "c_trainer")}
+        assert all(t > 0 for t in times.values())
+        assert result["c_over_b"] == pytest.approx(times["b_hand_tuned"] / times["c_trainer"])
+        assert result["c_trainer"]["mfu"] is None  # no catalog peak for a CPU: never a guess
