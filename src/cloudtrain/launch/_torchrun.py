@@ -10,7 +10,8 @@ traceback is noise: here it becomes the exit code 128 + signal number (143 for
 SIGTERM), what a process killed by the signal reports to a shell. torchrun's own log
 lines ("Received 15 death signal, shutting down workers") stay, and everything else
 is untouched: the workers' stdout/stderr go straight to the terminal, and a worker
-that fails still ends in torchrun's ChildFailedError report and exit code 1.
+that fails still ends in torchrun's ChildFailedError report (which rank, exit code,
+when) and exit code 1, without the agent's own traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv` (None: sys.argv[1:]); its exit code, 128 + signal on a stop."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     args = sys.argv[1:] if argv is None else argv
@@ -29,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         torchrun_main(args)
     except SignalException as stop:
         return 128 + int(stop.sigval)
+    except ChildFailedError as failed:
+        # the script's own traceback is already on stderr; torchrun's report says which
+        # rank failed how, its traceback through the agent says nothing more
+        sys.stderr.write(f"{failed}\n")
+        return 1
     return 0
 
 

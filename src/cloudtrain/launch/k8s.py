@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from cloudtrain.errors import UserError
+from cloudtrain.launch.worker import worker_args
 
 CHECKPOINT_ENV = "CLOUDTRAIN_CHECKPOINT_DIR"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
@@ -108,7 +109,7 @@ def train_job(spec: K8sSpec) -> dict[str, Any]:
     volumes, mounts = _volumes(spec)
     trainer: dict[str, Any] = {
         "image": spec.image,
-        "command": ["torchrun", *spec.command],
+        "command": ["torchrun", *worker_args(spec.command)],
         "numNodes": spec.nodes,
         "numProcPerNode": max(1, spec.gpus_per_node),
     }
@@ -146,7 +147,7 @@ def pytorch_job(spec: K8sSpec) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "pytorch",  # the Training Operator finds the container by this name
         "image": spec.image,
-        "command": ["torchrun", *spec.command],
+        "command": ["torchrun", *worker_args(spec.command)],
         "volumeMounts": mounts,
     }
     resources = _resources(spec)

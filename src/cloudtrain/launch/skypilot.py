@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from cloudtrain.errors import UnknownNameError, UserError
+from cloudtrain.launch.worker import worker_args
 
 CHECKPOINT_ENV = "CLOUDTRAIN_CHECKPOINT_DIR"
 RECOVERY_STRATEGIES = ("EAGER_NEXT_REGION", "FAILOVER")
@@ -137,7 +138,7 @@ def _check_spec(spec: SkyPilotSpec) -> str:
 
 def torchrun_line(spec: SkyPilotSpec) -> str:
     """The run section: torchrun on every node from SkyPilot's environment."""
-    script = shlex.join(spec.command)
+    script = shlex.join(worker_args(spec.command))
     return (
         'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)\n'
         "python -m torch.distributed.run \\\n"

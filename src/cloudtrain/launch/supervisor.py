@@ -43,6 +43,7 @@ from typing import Any
 
 from cloudtrain.errors import UserError
 from cloudtrain.launch.recorder import RunRecorder
+from cloudtrain.launch.worker import worker_args
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -99,6 +100,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         if not self.command:
             raise UserError("no training command; give it after `--`: cloudtrain run -- train.py")
+        worker_args(self.command)  # a command torchrun cannot run is an error now, not later
         if self.nproc != "auto" and (not isinstance(self.nproc, int) or self.nproc < 1):
             raise UserError(f"--nproc must be a positive integer or 'auto', got {self.nproc!r}")
         if (self.nnodes is None) != (self.rdzv_endpoint is None):
@@ -200,7 +202,7 @@ def torchrun_command(spec: RunSpec, run_key: str) -> list[str]:
         cmd += [f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
         cmd += [f"--max-restarts={spec.max_restarts}"]
     cmd += [f"--shutdown-timeout={max(1, round(spec.grace_s))}"]
-    return [*cmd, *spec.command]
+    return [*cmd, *worker_args(spec.command)]
 
 
 def run_key(spec: RunSpec) -> str:
