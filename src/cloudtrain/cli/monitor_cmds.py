@@ -71,7 +71,7 @@ def watch(
     ),
     name: str | None = typer.Option(None, "--name", help="Name of the run recording COMMAND."),
     price: float | None = typer.Option(
-        None, "--price-usd-per-hour", help="Instance price, for cost and budget."
+        None, "--price", "--price-usd-per-hour", help="Instance USD per hour, for cost and budget."
     ),
     provider: str | None = typer.Option(None, "--provider", help="Cloud provider (for PUE)."),
     region: str | None = typer.Option(None, "--region", help="Region (for carbon intensity)."),
