@@ -190,7 +190,11 @@ def main(argv: list[str] | None = None) -> FitResult:
     if args.steps is None and args.max_seconds is None:
         args.max_seconds = 30.0
     model, train, val = build(args)
+    # flags not given keep TrainConfig's defaults, which `cloudtrain run` sets through
+    # the environment (checkpoint directory, node price)
+    given = {"checkpoint_dir": args.checkpoint_dir, "price_usd_per_hour": args.price}
     config = TrainConfig(
+        **{key: value for key, value in given.items() if value is not None},
         max_steps=args.steps,
         max_seconds=args.max_seconds,
         global_batch_size=args.batch,
@@ -201,9 +205,7 @@ def main(argv: list[str] | None = None) -> FitResult:
         device=args.device,
         precision=args.precision,
         compile={"auto": "auto", "on": True, "off": False}[args.compile],
-        checkpoint_dir=args.checkpoint_dir,
         checkpoint_every_steps=args.checkpoint_every,
-        price_usd_per_hour=args.price,
         store=not args.no_store,
         eval_batches=8,
         run_name=None,

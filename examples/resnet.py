@@ -160,7 +160,11 @@ def main(argv: list[str] | None = None) -> FitResult:
         args.max_seconds = 30.0
     torch.manual_seed(0)
     model = ResNet(args.width, args.depth)
+    # flags not given keep TrainConfig's defaults, which `cloudtrain run` sets through
+    # the environment (checkpoint directory, node price)
+    given = {"checkpoint_dir": args.checkpoint_dir, "price_usd_per_hour": args.price}
     config = TrainConfig(
+        **{key: value for key, value in given.items() if value is not None},
         max_steps=args.steps,
         max_seconds=args.max_seconds,
         global_batch_size=args.batch,
@@ -168,8 +172,6 @@ def main(argv: list[str] | None = None) -> FitResult:
         lr=args.lr,
         device=args.device,
         precision=args.precision,
-        checkpoint_dir=args.checkpoint_dir,
-        price_usd_per_hour=args.price,
         store=not args.no_store,
         extra={"model": "resnet"},
     )
