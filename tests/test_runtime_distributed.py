@@ -240,3 +240,39 @@ def test_host_agreements_use_the_default_group_when_it_is_gloo(tmp_path):
         assert D.host_group() is None  # gloo carries CPU tensors: no second group
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def one_process_14_steps(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """PowerSGD compresses from its 10th step on, so the runs go past it."""
+    out = tmp_path_factory.mktemp("one14") / "params.pt"
+    _single("--plain", "--steps", "14", "--micro", "4", "--params-out", str(out))
+    return _load(out)
+
+
+@pytest.mark.parametrize(("kind", "at_most"), [("fp16", 1e-3), ("powersgd", 5e-2)])
+def test_gradient_compression_changes_the_gradients_a_little(
+    tmp_path, one_process_14_steps, kind, at_most
+):
+    """The hook really runs (parameters differ from the uncompressed run, which equals
+    one process exactly) and training stays close (fp16 rounding; PowerSGD's rank-2
+    approximation with error feedback)."""
+    out = tmp_path / "params.pt"
+    _launch("--plain", "--steps", "14", "--grad-compression", kind, "--params-out", str(out))
+    params = _load(out)
+    gap = max((params[k] - one_process_14_steps[k]).abs().max().item() for k in params)
+    assert 0 < gap < at_most
+
+
+def test_bf16_compression_on_gloo_is_a_user_error(tmp_path):
+    import torch.distributed as dist
+
+    from cloudtrain.errors import UserError
+    from cloudtrain.runtime import distributed as D
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(UserError, match="needs NCCL"):
+            D.wrap_ddp(torch.nn.Linear(2, 2), torch.device("cpu"), "bf16")
+    finally:
+        dist.destroy_process_group()

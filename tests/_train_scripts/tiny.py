@@ -168,6 +168,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--signal-at", default=None, help="STEP:MICRO:SIGNAL[:COUNT] sent to itself")
     p.add_argument("--plain", action="store_true", help="no dropout, no RNG in the loss")
     p.add_argument("--parallelism", default="auto")
+    p.add_argument("--grad-compression", default=None, help="bf16, fp16 or powersgd")
     p.add_argument("--sleep-after-signal", type=float, default=0.0)
     p.add_argument("--grace", type=float, default=30.0, help="grace_period_s")
     p.add_argument("--oom-at", default=None, help="RANK:STEP:LIMIT memory limit from STEP on")
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.ckpt,
         checkpoint_every_steps=args.every,
         parallelism=args.parallelism,
+        grad_compression=args.grad_compression,
         grace_period_s=args.grace,
         store=args.store or False,
         log_every_steps=args.log_every,

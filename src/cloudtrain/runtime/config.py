@@ -115,7 +115,10 @@ class TrainConfig:
     parallelism: str = "auto"
     """'auto' (DDP when WORLD_SIZE > 1), 'none', 'ddp' or 'fsdp' (FSDP2 fully_shard)."""
     grad_compression: str | None = None
-    """DDP gradient compression hook: 'bf16', 'fp16' or 'powersgd'; None: none."""
+    """DDP gradient compression for slow networks: 'bf16' (needs NCCL), 'fp16', or
+    'powersgd' (rank 2, from the 10th step; its error feedback is not checkpointed, so
+    a resumed run restarts it and is close to, not bit-equal with, an unbroken one);
+    None: none."""
 
     # --- checkpoints ----------------------------------------------------------
     checkpoint_dir: str | Path | None = field(default_factory=_env_checkpoint_dir)

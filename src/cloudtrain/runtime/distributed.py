@@ -173,6 +173,11 @@ def _register_compression(ddp: nn.Module, kind: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if kind == "bf16":
+        if "nccl" not in str(dist.get_backend()).lower():
+            raise UserError(
+                f"grad_compression='bf16' needs NCCL (CUDA); the process group uses "
+                f"{dist.get_backend()}: use 'fp16' or 'powersgd' there"
+            )
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif kind == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
