@@ -52,7 +52,7 @@ def resolve_precision(requested: str, device: torch.device, *, allow_tf32: bool)
         if device.type != "cuda" or (major, minor) < (8, 9):
             raise UserError("precision 'fp8' needs an NVIDIA GPU of compute capability 8.9+")
         if importlib.util.find_spec("torchao") is None:
-            raise UserError("precision 'fp8' needs torchao: pip install torchao")
+            raise UserError("precision 'fp8' needs torchao: pip install 'cloudtrain[fp8]'")
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
     return Precision(name, dtype[name], grad_scaler=name == "fp16", tf32=tf32)
 
