@@ -69,6 +69,27 @@ def test_negative_control_catches_a_sloppy_resume(tmp_path, straight, forget):
     assert not _same_params(model, ref_model)
 
 
+def _augmented_run(steps: int, ckpt: Path | None, workers: int):
+    model, log = tiny.build_model(), tiny.LossLog()
+    cfg = tiny.config(max_steps=steps, checkpoint_dir=ckpt, num_workers=workers)
+    data = tiny.AugmentedDataset()
+    Trainer(model, tiny.noisy_loss, data, config=cfg, callbacks=[log]).fit()
+    return model, log.losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_augmentation_resumes_exactly_with_or_without_workers(tmp_path, workers):
+    """Main process: the fetch draws from the checkpointed RNGs, restored before the
+    first batch is peeked at. Workers: each batch is fetched with the RNGs seeded by
+    its place in the run."""
+    ref_model, ref_losses = _augmented_run(N_STEPS, None, workers)
+    _, first = _augmented_run(5, tmp_path, workers)
+    model, second = _augmented_run(N_STEPS, tmp_path, workers)
+    assert {**first, **second} == ref_losses
+    assert _same_params(model, ref_model)
+
+
 def _script(*args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120

@@ -35,6 +35,21 @@ def dataset() -> TensorDataset:
     return TensorDataset(x, y)
 
 
+class AugmentedDataset(torch.utils.data.Dataset):
+    """`dataset()` with random noise added to every sample as it is fetched: the kind of
+    augmentation that runs in DataLoader workers."""
+
+    def __init__(self) -> None:
+        self.base = dataset()
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        x, y = self.base[index]
+        return x + 0.1 * torch.randn_like(x) + 0.01 * float(np.random.rand()), y
+
+
 class TinyNet(nn.Module):
     """An MLP with dropout; `oom_above` makes forward raise a real torch.OutOfMemoryError
     for micro-batches larger than it (a memory limit the CPU does not have)."""

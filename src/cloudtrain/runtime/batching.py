@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -66,10 +68,13 @@ def no_side_effects(model: nn.Module, device: torch.device) -> Iterator[None]:
     buffers and gradients are as they were afterwards."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     devices = [device] if device.type == "cuda" else []
+    host_rngs = random.getstate(), np.random.get_state()  # a loss_fn may draw from these
     with torch.random.fork_rng(devices=devices):
         try:
             yield
         finally:
+            random.setstate(host_rngs[0])
+            np.random.set_state(host_rngs[1])
             model.zero_grad(set_to_none=True)
             with torch.no_grad():
                 for name, b in model.named_buffers():

@@ -6,7 +6,9 @@ share of the global batch):
 - `MapSource` for map-style datasets (a `Dataset`, or the dataset of a `DataLoader`):
   each epoch is a permutation drawn from `seed + epoch`; step s of the epoch takes
   samples [s*G, (s+1)*G) of it and rank r takes the r-th slice of those. The
-  position is (epoch, sample offset); a partial last global batch is dropped.
+  position is (epoch, sample offset); a partial last global batch is dropped. In
+  DataLoader workers each step batch is fetched with the RNGs seeded by its place
+  (SeededDataset), so random augmentation there is exact across resumes too.
 - `IterableSource` for anything else iterable (a generator, an `IterableDataset`, a
   DataLoader over one): items are batches; rank r takes items r, r+W, r+2W, ...,
   concatenated and split to the per-rank batch. The position is (epoch, items
@@ -17,10 +19,12 @@ share of the global batch):
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
@@ -47,8 +51,15 @@ class DataPosition:
         return cls(int(d["epoch"]), int(d["offset"]), int(d.get("item_offset", 0)))
 
 
-class ResumableBatchSampler(Sampler[list[int]]):
-    """Yields this rank's sample indices for each step, from a given position."""
+def batch_seed(seed: int, rank: int, epoch: int, offset: int) -> int:
+    """The seed a step batch's samples are fetched with: fixed by where the batch is in
+    the run (ints and tuples of ints hash the same in every process)."""
+    return hash((seed, rank, epoch, offset)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class ResumableBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Yields this rank's samples for each step, from a given position, as
+    (batch seed, index) pairs for SeededDataset."""
 
     def __init__(self, n: int, global_batch: int, rank: int, world: int, seed: int, shuffle=True):
         self.n, self.global_batch, self.rank, self.world = n, global_batch, rank, world
@@ -64,7 +75,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return max(0, (self.n - self.start) // self.global_batch)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.n, generator=gen)
@@ -73,7 +84,38 @@ class ResumableBatchSampler(Sampler[list[int]]):
         per_rank = self.global_batch // self.world
         for offset in range(self.start, self.n - self.global_batch + 1, self.global_batch):
             chunk = order[offset + self.rank * per_rank : offset + (self.rank + 1) * per_rank]
-            yield chunk.tolist()
+            seed = batch_seed(self.seed, self.rank, self.epoch, offset)
+            yield [(seed, index) for index in chunk.tolist()]
+
+
+class SeededDataset(Dataset):
+    """`dataset` fetched one step batch at a time. In DataLoader workers (`in_workers`)
+    the global RNGs (Python, NumPy, torch CPU) are first seeded by the batch's place in
+    the run: worker RNG states are not in checkpoints, so this is what makes random
+    augmentation there come out the same after a resume. In the main process loading
+    draws from the training's own RNGs, which checkpoints hold."""
+
+    def __init__(self, dataset: Dataset, in_workers: bool) -> None:
+        self.dataset, self.in_workers = dataset, in_workers
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+        indices = [index for _, index in keys]
+        if self.in_workers:
+            _seed_host_rngs(keys[0][0])
+        many = getattr(self.dataset, "__getitems__", None)
+        return list(many(indices)) if many else [self.dataset[i] for i in indices]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        return self.__getitems__([key])[0]
+
+
+def _seed_host_rngs(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)  # CPU only; workers have no CUDA RNG
 
 
 def default_num_workers(device_type: str, local_world: int) -> int:
@@ -116,7 +158,7 @@ class MapSource:
         # A generator of our own: DataLoader otherwise draws its worker base seed from
         # the global torch RNG on every iter(), which would make resumes diverge.
         self.loader = DataLoader(
-            dataset,
+            SeededDataset(dataset, in_workers=num_workers > 0),
             batch_sampler=self.sampler,
             num_workers=num_workers,
             pin_memory=pin_memory,

@@ -147,14 +147,16 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self.local_batch = cfg.global_batch_size // self.env.world_size
         self._pending_batch = None
         self._restore_trainer_state(loaded)
+        if loaded is not None and loaded.rank_state is not None:
+            # before the first batch is fetched (a peek, below): loading it may draw
+            # random numbers (augmentation), as it did after the checkpoint was taken
+            restore_rng(loaded.rank_state["rng"], self.device)
         self._choose_micro_batch(loaded)
         self.flops_per_sample = self._measure_flops()
         self._wrap_model()
         if loaded is not None and self.parallelism == "fsdp" and loaded.sharded_path is None:
             self._fsdp_load_model(loaded.state["model"])  # a gathered (older) checkpoint
         self._build_optimizer(loaded)
-        if loaded is not None and loaded.rank_state is not None:
-            restore_rng(loaded.rank_state["rng"], self.device)
         return loaded
 
     def _prepare_model(self) -> None:
