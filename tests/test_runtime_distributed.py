@@ -41,8 +41,9 @@ def _torchrun(*args: str, nproc: int = 2) -> list[dict]:
     return [json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", done.stdout)]
 
 
-def _launch(*args: str, nproc: int = 2) -> list[dict]:
-    """The environment torchrun gives its workers, without the agent (seconds faster)."""
+def _start_ranks(*args: str, nproc: int = 2) -> list[tuple[int, str, str]]:
+    """The environment torchrun gives its workers, without the agent (seconds faster):
+    (exit code, stdout, stderr) of every rank."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -69,14 +70,18 @@ def _launch(*args: str, nproc: int = 2) -> list[dict]:
             )
         )
     finished = [proc.communicate(timeout=180) for proc in procs]
-    # every rank's exit status and stderr: one rank's crash often surfaces as another's error
-    codes = [proc.returncode for proc in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, finished, strict=True)]
+
+
+def _launch(*args: str, nproc: int = 2) -> list[dict]:
+    """Every rank's result line; fails with every rank's stderr unless all exit 0 (one
+    rank's crash often surfaces as another's error)."""
+    ranks = _start_ranks(*args, nproc=nproc)
     report = "\n".join(
-        f"--- rank {r} (rc {c}):\n{err[-1500:]}"
-        for r, (c, (_, err)) in enumerate(zip(codes, finished, strict=True))
+        f"--- rank {r} (rc {code}):\n{err[-1500:]}" for r, (code, _, err) in enumerate(ranks)
     )
-    assert codes == [0] * nproc, report
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in finished]
+    assert [code for code, _, _ in ranks] == [0] * nproc, report
+    return [json.loads(out.strip().splitlines()[-1]) for _, out, _ in ranks]
 
 
 def _single(*args: str) -> None:
@@ -276,3 +281,16 @@ def test_bf16_compression_on_gloo_is_a_user_error(tmp_path):
             D.wrap_ddp(torch.nn.Linear(2, 2), torch.device("cpu"), "bf16")
     finally:
         dist.destroy_process_group()
+
+
+def test_a_parameter_the_loss_never_reaches_needs_find_unused_parameters(tmp_path):
+    """Without the flag: one line that names the TrainConfig field; with it: the same
+    training as one process."""
+    args = ("--plain", "--steps", "4", "--unused-param")
+    failed = _start_ranks(*args)
+    assert all(code != 0 for code, _, _ in failed)
+    assert all("TrainConfig(find_unused_parameters=True)" in err for _, _, err in failed)
+    out, reference = tmp_path / "ddp.pt", tmp_path / "one.pt"
+    _launch(*args, "--find-unused", "--params-out", str(out))
+    _single(*args, "--params-out", str(reference))
+    _close(_load(out), _load(reference))

@@ -54,12 +54,13 @@ class TinyNet(nn.Module):
     """An MLP with dropout; `oom_above` makes forward raise a real torch.OutOfMemoryError
     for micro-batches larger than it (a memory limit the CPU does not have)."""
 
-    def __init__(self, dropout: float = 0.2) -> None:
+    def __init__(self, dropout: float = 0.2, unused: bool = False) -> None:
         super().__init__()
         self.body = nn.Sequential(
             nn.Linear(N_FEATURES, 32), nn.Dropout(dropout), nn.Tanh(), nn.Linear(32, 1)
         )
         self.oom_above: int | None = None
+        self.spare = nn.Linear(2, 2) if unused else None  # never used in forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.body(x)  # dropout draws from the RNG before the limit bites
@@ -68,9 +69,9 @@ class TinyNet(nn.Module):
         return out
 
 
-def build_model(seed: int = 0, dropout: float = 0.2) -> TinyNet:
+def build_model(seed: int = 0, dropout: float = 0.2, unused: bool = False) -> TinyNet:
     torch.manual_seed(seed)
-    return TinyNet(dropout)
+    return TinyNet(dropout, unused)
 
 
 def noisy_loss(model: nn.Module, batch) -> torch.Tensor:
@@ -184,6 +185,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plain", action="store_true", help="no dropout, no RNG in the loss")
     p.add_argument("--parallelism", default="auto")
     p.add_argument("--grad-compression", default=None, help="bf16, fp16 or powersgd")
+    p.add_argument("--unused-param", action="store_true", help="a parameter forward skips")
+    p.add_argument("--find-unused", action="store_true", help="find_unused_parameters")
     p.add_argument("--sleep-after-signal", type=float, default=0.0)
     p.add_argument("--grace", type=float, default=30.0, help="grace_period_s")
     p.add_argument("--oom-at", default=None, help="RANK:STEP:LIMIT memory limit from STEP on")
@@ -194,7 +197,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    model = build_model(dropout=0.0 if args.plain else 0.2)
+    model = build_model(dropout=0.0 if args.plain else 0.2, unused=args.unused_param)
     calls = {"step": -1, "micro": 0}
     holder: dict[str, Trainer] = {}
     loss = plain_loss if args.plain else noisy_loss
@@ -229,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_every_steps=args.every,
         parallelism=args.parallelism,
         grad_compression=args.grad_compression,
+        find_unused_parameters=args.find_unused,
         grace_period_s=args.grace,
         store=args.store or False,
         log_every_steps=args.log_every,

@@ -114,6 +114,9 @@ class TrainConfig:
     # --- distributed ----------------------------------------------------------
     parallelism: str = "auto"
     """'auto' (DDP when WORLD_SIZE > 1), 'none', 'ddp' or 'fsdp' (FSDP2 fully_shard)."""
+    find_unused_parameters: bool = False
+    """DDP: let parameters go unused in a step (a branch the forward skips). Costs an
+    extra pass over the autograd graph each step, so off unless the model needs it."""
     grad_compression: str | None = None
     """DDP gradient compression for slow networks: 'bf16' (needs NCCL), 'fp16', or
     'powersgd' (rank 2, from the 10th step; its error feedback is not checkpointed, so

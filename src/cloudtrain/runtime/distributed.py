@@ -159,11 +159,21 @@ def resolve_parallelism(requested: str, env: DistEnv) -> str:
     return requested
 
 
-def wrap_ddp(model: nn.Module, device: torch.device, compression: str | None) -> nn.Module:
+def wrap_ddp(
+    model: nn.Module,
+    device: torch.device,
+    compression: str | None,
+    find_unused_parameters: bool = False,
+) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [device.index] if device.type == "cuda" else None
-    ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    ddp = DDP(
+        model,
+        device_ids=ids,
+        gradient_as_bucket_view=True,
+        find_unused_parameters=find_unused_parameters,
+    )
     if compression is not None:
         _register_compression(ddp, compression)
     return ddp

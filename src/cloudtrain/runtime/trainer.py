@@ -176,7 +176,10 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         if self.compiled:
             self.model.compile()
         if self.parallelism == "ddp":
-            self.wrapped = D.wrap_ddp(self.model, self.device, self.config.grad_compression)
+            cfg = self.config
+            self.wrapped = D.wrap_ddp(
+                self.model, self.device, cfg.grad_compression, cfg.find_unused_parameters
+            )
         elif self.parallelism == "fsdp":
             self.wrapped = D.wrap_fsdp(self.model, self.device)
         else:
@@ -443,6 +446,8 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
                 with D.no_sync(self.wrapped, self.parallelism, skip_sync=not last):
                     loss = self._forward_backward(self.wrapped, micro, (end - start) / n)
             except Exception as error:
+                if _unused_parameters(error):
+                    raise UserError(UNUSED_PARAMETERS_FIX) from error
                 if not is_oom(error):
                     raise
                 oom = True
@@ -545,6 +550,17 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         gc.collect()
         dist.destroy_process_group()
         gc.collect()
+
+
+UNUSED_PARAMETERS_FIX = (
+    "DDP found parameters that took no part in the loss (a module the forward skipped); "
+    "set TrainConfig(find_unused_parameters=True), or remove them"
+)
+
+
+def _unused_parameters(error: Exception) -> bool:
+    """DDP's error for parameters the loss did not reach (its text names the fix)."""
+    return isinstance(error, RuntimeError) and "find_unused_parameters" in str(error)
 
 
 def _rng_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
