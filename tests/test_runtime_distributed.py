@@ -294,3 +294,21 @@ def test_a_parameter_the_loss_never_reaches_needs_find_unused_parameters(tmp_pat
     _launch(*args, "--find-unused", "--params-out", str(out))
     _single(*args, "--params-out", str(reference))
     _close(_load(out), _load(reference))
+
+
+def test_the_straggler_is_the_rank_the_others_wait_for(tmp_path):
+    """Rank 1 sleeps 40 ms per micro-batch: synchronous steps take equally long on both
+    ranks, but rank 0 waits at the per-step agreement, and diagnose names rank 1."""
+    from cloudtrain.diagnose import rules_system
+    from cloudtrain.diagnose.run import load_run_data
+    from cloudtrain.store import SYNC_WAIT_KEY
+
+    db = tmp_path / "runs.db"
+    results = _launch("--plain", "--steps", "6", "--global-batch", "16", "--micro", "4",
+                      "--store", str(db), "--log-every", "2", "--slow-rank", "1:40")  # fmt: skip
+    with RunStore.open(db) as store:
+        data = load_run_data(store, results[0]["run_id"])
+    waits = {r: [s.metrics[SYNC_WAIT_KEY] for s in data.steps if s.rank == r] for r in (0, 1)}
+    assert min(waits[0]) > 0.02 > max(waits[1])  # rank 0 waits for rank 1's first micro-batch
+    finding = rules_system.stragglers(data)
+    assert finding is not None and finding.data["who"] == "rank 1"

@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parallelism", default="auto")
     p.add_argument("--grad-compression", default=None, help="bf16, fp16 or powersgd")
     p.add_argument("--unused-param", action="store_true", help="a parameter forward skips")
+    p.add_argument("--slow-rank", default=None, help="RANK:MS sleep in each micro-batch")
     p.add_argument("--find-unused", action="store_true", help="find_unused_parameters")
     p.add_argument("--sleep-after-signal", type=float, default=0.0)
     p.add_argument("--grace", type=float, default=30.0, help="grace_period_s")
@@ -211,16 +213,18 @@ def main(argv: list[str] | None = None) -> int:
             int(parts[3]) if len(parts) > 3 else 1,
         )
 
+    slow = [int(v) for v in args.slow_rank.split(":")] if args.slow_rank else None
+
     def loss_fn(m, batch):
         step = holder["trainer"].step
+        if slow and int(os.environ.get("RANK", "0")) == slow[0]:
+            time.sleep(slow[1] / 1000)  # a straggler: a slower GPU, a noisy neighbour
         calls["micro"] = calls["micro"] + 1 if calls["step"] == step else 0
         calls["step"] = step
         if target and (step, calls["micro"]) == target[:2]:
             for _ in range(target[3]):
                 os.kill(os.getpid(), target[2])
             if args.sleep_after_signal:
-                import time
-
                 time.sleep(args.sleep_after_signal)
         return loss(m, batch)
 

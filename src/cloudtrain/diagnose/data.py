@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cloudtrain.catalog import GPUSpec
-from cloudtrain.store import Event, Run, Sample, StepRecord
+from cloudtrain.store import SYNC_WAIT_KEY, Event, Run, Sample, StepRecord
 
 WARMUP_STEPS = 3
 """Steps skipped at the start of a run (and of each resume): compilation, cudnn autotuning
@@ -139,3 +139,8 @@ def comm_s(step: StepRecord) -> float | None:
         if step.metrics.get(key) is not None:
             return float(step.metrics[key])
     return None
+
+
+def sync_wait_s(step: StepRecord) -> float:
+    """Seconds of the step this rank spent waiting for other ranks (0 when unknown)."""
+    return float(step.metrics.get(SYNC_WAIT_KEY) or 0.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from cloudtrain.diagnose.data import RunData, comm_s, mean, median, share
+from cloudtrain.diagnose.data import RunData, comm_s, mean, median, share, sync_wait_s
 from cloudtrain.diagnose.rules import _finding
 from cloudtrain.monitor.snapshots import SLOWDOWN_MASK, THERMAL_MASK, throttle_names
 from cloudtrain.store import Finding
@@ -210,8 +210,8 @@ def communication_bound(data: RunData) -> Finding | None:
 def _rank_medians(data: RunData) -> dict[int, float]:
     out = {}
     for rank in data.ranks:
-        busy = [
-            (s.step_s - (comm_s(s) or 0.0))
+        busy = [  # a straggler waits least for the others, so its busy time is longest
+            (s.step_s - (comm_s(s) or 0.0) - sync_wait_s(s))
             for s in data.steps
             if s.rank == rank and s.step_s is not None
         ]

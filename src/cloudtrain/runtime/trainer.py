@@ -356,7 +356,9 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         every rank then acts on after the step. Host values only (see D.host_group)."""
         local = self._local_flags()
         flags = [oom, local.preempted, local.out_of_time, local.checkpoint_due]
+        arrived = time.perf_counter()
         oom, *agreed = D.agree_flags(flags)
+        self.meter.add_sync_wait(time.perf_counter() - arrived)  # waiting for the last rank
         self._agreed = StepFlags(*agreed)
         return oom
 

@@ -24,6 +24,7 @@ from cloudtrain.runtime.telemetry import (
     start_monitor,
 )
 from cloudtrain.runtime.trainstate import CheckpointClock, Meter
+from cloudtrain.store import SYNC_WAIT_KEY
 
 
 class TelemetryMixin:
@@ -158,17 +159,17 @@ class TelemetryMixin:
             )
 
     def _gather_rank_times(self, stats, peak_gib: float | None) -> list[list[float]]:
-        """[step_s, data_wait_s, memory_peak_gib (nan: unknown)] of every rank; one
-        all_gather at log steps of distributed runs, nothing otherwise."""
+        """[step_s, data_wait_s, sync_wait_s, memory_peak_gib (nan: unknown)] of every
+        rank; one all_gather at log steps of distributed runs, nothing otherwise."""
         if not self.env.is_distributed:
             return []
-        mine = [stats.step_s, stats.data_wait_s, math.nan if peak_gib is None else peak_gib]
-        return D.gather_floats(mine)
+        peak = math.nan if peak_gib is None else peak_gib
+        return D.gather_floats([stats.step_s, stats.data_wait_s, stats.sync_wait_s, peak])
 
     def _record_other_ranks(self, ranks: list[list[float]]) -> None:
         """One StepRecord per rank other than 0 (rank 0's is the full record), so the
         straggler rule can compare ranks."""
-        for rank, (step_s, data_wait_s, peak_gib) in enumerate(ranks):
+        for rank, (step_s, data_wait_s, sync_wait_s, peak_gib) in enumerate(ranks):
             if rank == 0:
                 continue
             self.recorder.step(
@@ -178,12 +179,15 @@ class TelemetryMixin:
                 data_wait_s=data_wait_s,
                 micro_batch=self.micro_batch_size,
                 memory_peak_gib=None if math.isnan(peak_gib) else peak_gib,
+                metrics={SYNC_WAIT_KEY: sync_wait_s},
             )
 
     def _metric_keys(self, stats) -> dict[str, float]:
         keys = {"throughput/samples_per_sec": stats.samples_per_s(self.config.global_batch_size)}
         if stats.tokens_per_s() is not None:
             keys["throughput/tokens_per_sec"] = stats.tokens_per_s()
+        if self.env.is_distributed:
+            keys[SYNC_WAIT_KEY] = stats.sync_wait_s
         return keys
 
     def _cost_usd(self) -> float | None:

@@ -24,6 +24,9 @@ class IntervalStats:
     grad_norm: float | None
     tokens: int | None
     """Tokens per step (global); None when batches carry no token ids."""
+    sync_wait_s: float = 0.0
+    """Mean seconds per step this rank waited at the ranks' per-step agreement (for the
+    slowest rank to arrive); 0 in a single process."""
 
     def samples_per_s(self, global_batch: int) -> float:
         return global_batch / self.step_s if self.step_s > 0 else 0.0
@@ -53,6 +56,7 @@ class Meter:
         self._losses: list[torch.Tensor] = []
         self._steps = 0
         self._data_wait_s = 0.0
+        self._sync_wait_s = 0.0
         self._tokens = 0
         self._has_tokens = False
         self._t0 = time.perf_counter()
@@ -66,6 +70,9 @@ class Meter:
             self._tokens += tokens
             self.total_tokens += tokens
             self._has_tokens = True
+
+    def add_sync_wait(self, seconds: float) -> None:
+        self._sync_wait_s += seconds
 
     def read(self, step: int) -> IntervalStats | None:
         if self._steps == 0:
@@ -81,6 +88,7 @@ class Meter:
             loss=float(torch.stack(self._losses).sum()) / n,
             grad_norm=float(self.grad_norm) if self.grad_norm is not None else None,
             tokens=self._tokens // n if self._has_tokens else None,
+            sync_wait_s=self._sync_wait_s / n,
         )
         self.grad_norm = None
         self._reset(step)

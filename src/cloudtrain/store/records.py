@@ -125,6 +125,12 @@ class Attempt:
         return max(0.0, end - self.started_at)
 
 
+SYNC_WAIT_KEY = "time/sync_wait_s"
+"""StepRecord.metrics key (the Trainer writes it in distributed runs): seconds per step a
+rank waited at the ranks' per-step agreement for the slowest one to arrive; the
+straggler waits least."""
+
+
 @dataclass
 class StepRecord:
     """Telemetry of one optimizer step on one rank. Every optional field is None when
