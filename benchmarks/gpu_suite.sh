@@ -4,6 +4,8 @@
 # from a folder prepared beforehand on a machine with network access:
 #   python -m pip install --target .gpu-deps typer rich psutil PyYAML nvidia-ml-py \
 #       pytest pytest-timeout hypothesis jsonschema
+# and, for the FP8 test, a torchao release built for the GPU machine's torch (torchao's
+# README lists which torch each release needs); without it that one test skips.
 # Results go to ${OUT:-benchmarks/results/gpu} as JSON and text.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -142,3 +142,28 @@ def test_host_agreements_under_nccl_go_through_a_gloo_group(tmp_path):
         assert flags.tolist() == [0, 1] and D.host_group() is group  # created once
     finally:
         dist.destroy_process_group()
+
+
+def test_fp8_precision_trains_on_hopper_and_newer():
+    if torch.cuda.get_device_capability(0) < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9+")
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 8)
+    )
+    x = torch.randn(512, 64)
+    data = torch.utils.data.TensorDataset(x, x[:, :8].sin())
+
+    def mse(m, batch):
+        return nn.functional.mse_loss(m(batch[0]).float(), batch[1])
+
+    with torch.no_grad():
+        initial = mse(model, data[:64]).item()
+    trainer, result = _fit(
+        model, loss=mse, data=data, precision="fp8", max_steps=40, micro_batch_size=64,
+        global_batch_size=64, compile=False, log_every_steps=40,
+    )  # fmt: skip
+    assert result.precision == "fp8"
+    assert type(trainer.model[2]).__name__ == "Float8Linear"  # the inner layer converted
+    assert result.final_loss < 0.5 * initial
