@@ -90,6 +90,33 @@ def test_random_augmentation_resumes_exactly_with_or_without_workers(tmp_path, w
     assert _same_params(model, ref_model)
 
 
+def _fp16_run(steps: int, ckpt: Path | None):
+    """fp16 autocast with a GradScaler (what older GPUs get); at step 3 the loss blows up
+    to inf in the backward, so the scaler skips that step and halves its scale."""
+    model, log = tiny.build_model(), tiny.LossLog()
+    holder: dict[str, Trainer] = {}
+
+    def loss_fn(m, batch):
+        loss = tiny.noisy_loss(m, batch)
+        return loss * 1e30 if holder["trainer"].step == 3 else loss
+
+    cfg = tiny.config(max_steps=steps, checkpoint_dir=ckpt, precision="fp16")
+    trainer = holder["trainer"] = Trainer(
+        model, loss_fn, tiny.dataset(), config=cfg, callbacks=[log]
+    )
+    trainer.fit()
+    return model, log.losses, trainer.scaler.get_scale()
+
+
+def test_fp16_loss_scaling_survives_a_resume(tmp_path):
+    ref_model, ref_losses, ref_scale = _fp16_run(N_STEPS, None)
+    assert ref_scale == 65536.0 / 2  # the overflow at step 3 halved it
+    _, first, _ = _fp16_run(5, tmp_path)
+    model, second, scale = _fp16_run(N_STEPS, tmp_path)
+    assert {**first, **second} == ref_losses and scale == ref_scale
+    assert _same_params(model, ref_model)
+
+
 def _script(*args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
