@@ -30,6 +30,10 @@ def test_plan_json_is_the_whole_plan(run_cli):
     for estimate in data["estimates"]:
         assert estimate["provider"] == "aws" and estimate["pricing"] != "reserved"
         assert estimate["total_s"] <= 72 * 3600
+    best = data["estimates"][0]
+    assert data["run_command"].startswith(
+        f"cloudtrain run --offer aws/{best['region']}/{best['instance_type']} "
+    )
 
 
 def test_filters_take_comma_lists_like_offers(run_cli):

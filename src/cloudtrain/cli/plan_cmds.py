@@ -231,7 +231,9 @@ def plan_command(
     if result.why_empty is not None:
         raise InfeasiblePlanError(result.why_empty)
     if as_json:
-        render.print_json(result.top(top))
+        shown = render.to_jsonable(result.top(top))
+        best = result.best
+        render.print_json({**shown, "run_command": run_hint(best) if best else None})
     else:
         _print_plan(result, top)
 
