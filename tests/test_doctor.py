@@ -142,6 +142,14 @@ def test_debugging_variables_cost_speed():
     assert c.check_debug_env({"NCCL_DEBUG": "WARN", "CUDA_LAUNCH_BLOCKING": "0"}).status == "pass"
 
 
+def test_gloo_should_use_the_interface_nccl_was_pinned_to():
+    pinned = c.check_network_interfaces({"NCCL_SOCKET_IFNAME": "ens5"})
+    assert pinned.status == "warn" and pinned.fix == "export GLOO_SOCKET_IFNAME=ens5"
+    both = {"NCCL_SOCKET_IFNAME": "ens5", "GLOO_SOCKET_IFNAME": "ens5"}
+    assert c.check_network_interfaces(both).status == "pass"
+    assert c.check_network_interfaces({}).status == "pass"
+
+
 def test_doctor_on_a_recorded_healthy_h100_pair():
     result = run_doctor(nvml=open_nvml(FIXTURES / "h100_load.json"), torch=CUDA_TORCH, env={})
     status = {check.name: check.status for check in result.checks}

@@ -167,3 +167,26 @@ def test_fp8_precision_trains_on_hopper_and_newer():
     assert result.precision == "fp8"
     assert type(trainer.model[2]).__name__ == "Float8Linear"  # the inner layer converted
     assert result.final_loss < 0.5 * initial
+
+
+def test_without_a_gloo_group_agreements_fall_back_to_the_gpu(tmp_path, monkeypatch, capsys):
+    """A gloo group that cannot connect (simulated: new_group raises) costs a host sync
+    per step, not the run: agreements go through NCCL on CUDA tensors, with one line."""
+    import torch.distributed as dist
+
+    from cloudtrain.runtime import distributed as D
+
+    def cannot_connect(*args, **kwargs):
+        raise RuntimeError("Gloo connectFullMesh failed")
+
+    dist.init_process_group(
+        "nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    monkeypatch.setattr(dist, "new_group", cannot_connect)
+    try:
+        plane = D._host_plane()
+        assert plane.group is None and plane.device.type == "cuda"
+        assert D._all_reduce_ints([3, 0], dist.ReduceOp.MAX) == [3, 0]
+        assert "GLOO_SOCKET_IFNAME" in capsys.readouterr().err
+    finally:
+        dist.destroy_process_group()

@@ -431,3 +431,21 @@ def check_debug_env(env: Mapping[str, str]) -> Check:
             "unset them for real runs: " + " ".join(f"unset {c.split('=')[0]};" for c in costly),
         )
     return Check(name, "pass", "no costly debugging variables set")
+
+
+def check_network_interfaces(env: Mapping[str, str]) -> Check:
+    """NCCL pinned to an interface but gloo not: the Trainer's per-step agreements go
+    over a gloo group, which may then pick an interface the other nodes cannot reach."""
+    name = "network_interfaces"
+    nccl, gloo = env.get("NCCL_SOCKET_IFNAME"), env.get("GLOO_SOCKET_IFNAME")
+    if nccl and not gloo:
+        return Check(
+            name,
+            "warn",
+            f"NCCL_SOCKET_IFNAME={nccl} but GLOO_SOCKET_IFNAME is unset: the ranks' per-step "
+            "agreements (a gloo group) may pick another interface",
+            f"export GLOO_SOCKET_IFNAME={nccl}",
+        )
+    if nccl and gloo and nccl != gloo:
+        return Check(name, "pass", f"NCCL on {nccl}, gloo on {gloo} (set apart on purpose?)")
+    return Check(name, "pass", "network interfaces for NCCL and gloo agree (or are both unset)")

@@ -185,6 +185,7 @@ def run_doctor(
         c.check_topology(gpus, levels, nvlink),
         c.check_read_throughput(None if data_dir is None else str(data_dir), speed, mib),
         c.check_debug_env(env),
+        c.check_network_interfaces(env),
     ]
     facts = {
         "driver_version": driver,

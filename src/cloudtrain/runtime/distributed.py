@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -75,9 +77,20 @@ def _distributed() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
-_host_group_of: list[Any] = [None, None]
-"""[default group, the group host agreements use with it (None: the default itself)];
-the default group is held so a new one can never be mistaken for it."""
+@dataclass(frozen=True)
+class _HostPlane:
+    """How ranks agree on host values under one default group."""
+
+    world: Any
+    """The default group this was made for (held, so a new one is never mistaken for it)."""
+    group: Any
+    """None: the default group itself."""
+    device: torch.device
+    """Where agreement tensors live: the CPU, or the GPU when no gloo group could be made."""
+
+
+_plane: list[_HostPlane] = []
+SIDE_GROUP_TIMEOUT = timedelta(seconds=120)
 
 
 def host_group() -> Any:
@@ -88,17 +101,39 @@ def host_group() -> Any:
     the host wait for every kernel queued before it, once per step.
 
     Creating the group is itself collective: every rank gets here at the same point,
-    because every caller is a collective."""
+    because every caller is a collective. If gloo cannot connect (a host whose name
+    resolves to an interface the others cannot reach), agreements go through the
+    default group on the GPU, with one line saying so."""
+    return _host_plane().group
+
+
+def _host_plane() -> _HostPlane:
     world = dist.group.WORLD
-    if _host_group_of[0] is not world:
-        carries_cpu = "gloo" in str(dist.get_backend()).lower()
-        _host_group_of[:] = [world, None if carries_cpu else dist.new_group(backend="gloo")]
-    return _host_group_of[1]
+    if not _plane or _plane[0].world is not world:
+        _plane[:] = [_make_plane(world)]
+    return _plane[0]
+
+
+def _make_plane(world: Any) -> _HostPlane:
+    cpu = torch.device("cpu")
+    if "gloo" in str(dist.get_backend()).lower():
+        return _HostPlane(world, None, cpu)
+    try:
+        return _HostPlane(world, dist.new_group(backend="gloo", timeout=SIDE_GROUP_TIMEOUT), cpu)
+    except Exception as error:  # agreeing on the GPU is slower, never wrong
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        sys.stderr.write(
+            f"cloudtrain: no gloo group for host agreements ({type(error).__name__}: "
+            f"{first_line}); agreeing on the GPU, one host sync per step. Set "
+            "GLOO_SOCKET_IFNAME to the network interface the nodes share.\n"
+        )
+        return _HostPlane(world, None, torch.device("cuda", torch.cuda.current_device()))
 
 
 def _all_reduce_ints(values: list[int], op: Any) -> list[int]:
-    t = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(t, op=op, group=host_group())
+    plane = _host_plane()
+    t = torch.tensor(values, dtype=torch.int64, device=plane.device)
+    dist.all_reduce(t, op=op, group=plane.group)
     return [int(v) for v in t.tolist()]
 
 
@@ -121,9 +156,10 @@ def gather_floats(values: list[float]) -> list[list[float]]:
     small float64 CPU tensor. A single process gets `[values]`."""
     if not _distributed():
         return [list(values)]
-    mine = torch.tensor(values, dtype=torch.float64)
+    plane = _host_plane()
+    mine = torch.tensor(values, dtype=torch.float64, device=plane.device)
     out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine, group=host_group())
+    dist.all_gather(out, mine, group=plane.group)
     return [t.tolist() for t in out]
 
 
@@ -138,8 +174,9 @@ def broadcast_int(value: int) -> int:
     """Rank 0's `value` on every rank."""
     if not _distributed():
         return value
-    t = torch.tensor([value], dtype=torch.int64)
-    dist.broadcast(t, src=0, group=host_group())
+    plane = _host_plane()
+    t = torch.tensor([value], dtype=torch.int64, device=plane.device)
+    dist.broadcast(t, src=0, group=plane.group)
     return int(t.item())
 
 
