@@ -35,7 +35,8 @@ class FitResult:
     eval_loss: float | None
     """Mean loss on the eval data at the end; None without eval data."""
     cost_usd: float | None
-    """price_usd_per_hour x elapsed hours x nodes' share; None without a price."""
+    """price_usd_per_hour (all the job's machines) x hours this fit() ran; None without a
+    price."""
     micro_batch_size: int
     global_batch_size: int
     precision: str
