@@ -57,13 +57,22 @@ def batch_seed(seed: int, rank: int, epoch: int, offset: int) -> int:
     return hash((seed, rank, epoch, offset)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-class ResumableBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Yields this rank's samples for each step, from a given position, as
-    (batch seed, index) pairs for SeededDataset."""
+class ResumableBatchSampler(Sampler[list]):
+    """Yields this rank's sample indices for each step, from a given position; `keyed`:
+    as (batch seed, index) pairs, for SeededDataset in DataLoader workers."""
 
-    def __init__(self, n: int, global_batch: int, rank: int, world: int, seed: int, shuffle=True):
+    def __init__(
+        self,
+        n: int,
+        global_batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        shuffle: bool = True,
+        keyed: bool = False,
+    ):
         self.n, self.global_batch, self.rank, self.world = n, global_batch, rank, world
-        self.seed, self.shuffle = seed, shuffle
+        self.seed, self.shuffle, self.keyed = seed, shuffle, keyed
         self.epoch, self.start = 0, 0
 
     def set_position(self, epoch: int, start: int) -> None:
@@ -75,7 +84,7 @@ class ResumableBatchSampler(Sampler[list[tuple[int, int]]]):
     def __len__(self) -> int:
         return max(0, (self.n - self.start) // self.global_batch)
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[list]:
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.n, generator=gen)
@@ -84,27 +93,29 @@ class ResumableBatchSampler(Sampler[list[tuple[int, int]]]):
         per_rank = self.global_batch // self.world
         for offset in range(self.start, self.n - self.global_batch + 1, self.global_batch):
             chunk = order[offset + self.rank * per_rank : offset + (self.rank + 1) * per_rank]
+            if not self.keyed:
+                yield chunk.tolist()
+                continue
             seed = batch_seed(self.seed, self.rank, self.epoch, offset)
             yield [(seed, index) for index in chunk.tolist()]
 
 
 class SeededDataset(Dataset):
-    """`dataset` fetched one step batch at a time. In DataLoader workers (`in_workers`)
-    the global RNGs (Python, NumPy, torch CPU) are first seeded by the batch's place in
-    the run: worker RNG states are not in checkpoints, so this is what makes random
-    augmentation there come out the same after a resume. In the main process loading
-    draws from the training's own RNGs, which checkpoints hold."""
+    """`dataset` as DataLoader workers fetch it: one step batch at a time, with the
+    global RNGs (Python, NumPy, torch CPU) first seeded by the batch's place in the run.
+    Worker RNG states are not in checkpoints, so this is what makes random augmentation
+    there come out the same after a resume. (In the main process, num_workers=0,
+    loading draws from the training's own RNGs, which checkpoints hold.)"""
 
-    def __init__(self, dataset: Dataset, in_workers: bool) -> None:
-        self.dataset, self.in_workers = dataset, in_workers
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         indices = [index for _, index in keys]
-        if self.in_workers:
-            _seed_host_rngs(keys[0][0])
+        _seed_host_rngs(keys[0][0])
         many = getattr(self.dataset, "__getitems__", None)
         return list(many(indices)) if many else [self.dataset[i] for i in indices]
 
@@ -149,7 +160,10 @@ class MapSource:
                 f"the training dataset has {n} samples, fewer than global_batch_size "
                 f"{global_batch}; lower global_batch_size"
             )
-        self.sampler = ResumableBatchSampler(n, global_batch, rank, world, seed, shuffle)
+        workers = num_workers > 0
+        self.sampler = ResumableBatchSampler(
+            n, global_batch, rank, world, seed, shuffle, keyed=workers
+        )
         self.global_batch = global_batch
         self.position = DataPosition()
         kwargs: dict[str, Any] = {}
@@ -158,7 +172,7 @@ class MapSource:
         # A generator of our own: DataLoader otherwise draws its worker base seed from
         # the global torch RNG on every iter(), which would make resumes diverge.
         self.loader = DataLoader(
-            SeededDataset(dataset, in_workers=num_workers > 0),
+            SeededDataset(dataset) if workers else dataset,
             batch_sampler=self.sampler,
             num_workers=num_workers,
             pin_memory=pin_memory,
