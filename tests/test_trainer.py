@@ -265,3 +265,19 @@ def test_cuda_defaults_bf16_compile_fused_and_mfu():
     result = Trainer(model, tiny.plain_loss, tiny.dataset(), config=cfg).fit()
     assert result.device == "cuda" and result.precision in ("bf16", "fp16")
     assert result.final_loss == result.final_loss
+
+
+def test_dataloader_defaults_come_from_the_machine(monkeypatch):
+    from cloudtrain.runtime import data as D
+
+    monkeypatch.setattr(D.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    assert D.default_num_workers("cuda", local_world=8) == 3  # 32 cores / 8 GPUs - 1
+    assert D.default_num_workers("cuda", local_world=1) == 8  # capped
+    assert D.default_num_workers("cpu", local_world=1) == 0  # workers would fight the model
+    common = dict(global_batch=8, rank=0, world=1, seed=0, device_type="cuda", local_world=8)
+    source = D.make_source(tiny.dataset(), **common)
+    loader = source.loader
+    assert loader.num_workers == 3 and loader.pin_memory
+    assert loader.persistent_workers and loader.prefetch_factor == 4
+    inline = D.make_source(tiny.dataset(), **{**common, "device_type": "cpu"}).loader
+    assert inline.num_workers == 0 and not inline.pin_memory
