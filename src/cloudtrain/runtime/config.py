@@ -119,9 +119,8 @@ class TrainConfig:
     extra pass over the autograd graph each step, so off unless the model needs it."""
     grad_compression: str | None = None
     """DDP gradient compression for slow networks: 'bf16' (needs NCCL), 'fp16', or
-    'powersgd' (rank 2, from the 10th step; its error feedback is not checkpointed, so
-    a resumed run restarts it and is close to, not bit-equal with, an unbroken one);
-    None: none."""
+    'powersgd' (rank 2, from the 10th step; its error feedback, warm-start matrices and
+    RNG go into each rank's checkpoint, so a resume is exact); None: none."""
 
     # --- checkpoints ----------------------------------------------------------
     checkpoint_dir: str | Path | None = field(default_factory=_env_checkpoint_dir)

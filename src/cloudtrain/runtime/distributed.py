@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -201,7 +202,8 @@ def wrap_ddp(
     device: torch.device,
     compression: str | None,
     find_unused_parameters: bool = False,
-) -> nn.Module:
+) -> tuple[nn.Module, Any]:
+    """(the DDP module, the compression hook's state: a PowerSGDState or None)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [device.index] if device.type == "cuda" else None
@@ -211,12 +213,11 @@ def wrap_ddp(
         gradient_as_bucket_view=True,
         find_unused_parameters=find_unused_parameters,
     )
-    if compression is not None:
-        _register_compression(ddp, compression)
-    return ddp
+    hook_state = _register_compression(ddp, compression) if compression is not None else None
+    return ddp, hook_state
 
 
-def _register_compression(ddp: nn.Module, kind: str) -> None:
+def _register_compression(ddp: nn.Module, kind: str) -> Any:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if kind == "bf16":
@@ -233,6 +234,42 @@ def _register_compression(ddp: nn.Module, kind: str) -> None:
             process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=10
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return state
+    return None
+
+
+POWERSGD_TENSOR_FIELDS = ("error_dict", "p_memory_dict", "q_memory_dict")
+"""PowerSGDState's per-bucket tensors (keyed by bucket index)."""
+
+
+def powersgd_state_dict(state: Any) -> dict[str, Any]:
+    """What a PowerSGD hook carries from step to step on this rank (its step count, the
+    error feedback, the warm-start matrices and the RNG that seeds new projections), as
+    tensors and numbers a weights-only checkpoint can hold."""
+    _, keys, pos, has_gauss, cached_gaussian = state.rng.get_state()
+    return {
+        "iter": int(state.iter),
+        **{
+            field: {k: v.detach().cpu().clone() for k, v in getattr(state, field).items()}
+            for field in POWERSGD_TENSOR_FIELDS
+        },
+        "rng": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+    }
+
+
+def load_powersgd_state(state: Any, saved: dict[str, Any], device: torch.device) -> None:
+    """Put `powersgd_state_dict`'s output back into a fresh PowerSGDState."""
+    state.iter = int(saved["iter"])
+    for field in POWERSGD_TENSOR_FIELDS:
+        setattr(state, field, {int(k): v.to(device) for k, v in saved[field].items()})
+    rng = saved["rng"]
+    keys = rng["keys"].numpy().astype(np.uint32)
+    state.rng.set_state(("MT19937", keys, rng["pos"], rng["has_gauss"], rng["cached_gaussian"]))
 
 
 def wrap_fsdp(model: nn.Module, device: torch.device) -> nn.Module:

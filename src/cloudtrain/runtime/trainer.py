@@ -114,6 +114,8 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self.scaler: torch.amp.GradScaler | None = None
         self.wrapped: nn.Module = model
         self.oom_adjustments = 0
+        self.comm_hook_state: Any = None
+        """The DDP compression hook's state (a PowerSGDState; checkpointed per rank)."""
         self._agreed: StepFlags | None = None
         """Distributed runs: the flags all ranks agreed on during the newest step."""
         self.saved_step = -1
@@ -154,6 +156,10 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self._choose_micro_batch(loaded)
         self.flops_per_sample = self._measure_flops()
         self._wrap_model()
+        saved_hook = (loaded.rank_state or {}).get("powersgd") if loaded is not None else None
+        if saved_hook is not None and self.comm_hook_state is not None:
+            self._settle_ddp_buckets()
+            D.load_powersgd_state(self.comm_hook_state, saved_hook, self.device)
         if loaded is not None and self.parallelism == "fsdp" and loaded.sharded_path is None:
             self._fsdp_load_model(loaded.state["model"])  # a gathered (older) checkpoint
         self._build_optimizer(loaded)
@@ -177,13 +183,27 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
             self.model.compile()
         if self.parallelism == "ddp":
             cfg = self.config
-            self.wrapped = D.wrap_ddp(
+            self.wrapped, self.comm_hook_state = D.wrap_ddp(
                 self.model, self.device, cfg.grad_compression, cfg.find_unused_parameters
             )
         elif self.parallelism == "fsdp":
             self.wrapped = D.wrap_fsdp(self.model, self.device)
         else:
             self.wrapped = self.model
+
+    def _settle_ddp_buckets(self) -> None:
+        """One trial pass through DDP, leaving nothing behind: DDP lays its gradient
+        buckets out in parameter order for the first step and in gradient-ready order
+        from the second on, and PowerSGD's saved state (error feedback, warm-start
+        matrices) is in the later layout, so a resumed run must not compress in the
+        first. The fresh hook state only counts this pass; the saved one replaces it."""
+        batch = self._peek_batch()
+        if batch is None:
+            return
+        n = min(self.micro_batch_size, batch_size(batch))
+        micro = to_device(slice_batch(batch, 0, n), self.device, channels_last=self.channels_last)
+        with no_side_effects(self.model, self.device):
+            self._forward_backward(self.wrapped, micro, 1.0)
 
     def _build_optimizer(self, loaded: LoadedCheckpoint | None) -> None:
         cfg = self.config

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from cloudtrain.runtime import distributed as D
 from cloudtrain.runtime.checkpoint import capture_rng
 
 
@@ -29,6 +30,8 @@ class CheckpointingMixin:
             return None
 
         rank_state = {"rng": capture_rng(self.device), "data": self.source.position.to_dict()}
+        if self.comm_hook_state is not None:  # PowerSGD: error feedback, warm start, RNG
+            rank_state["powersgd"] = D.powersgd_state_dict(self.comm_hook_state)
         fsdp = self.parallelism == "fsdp"
         path = self.ckpt.save(
             self.step,
