@@ -156,9 +156,10 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         self._choose_micro_batch(loaded)
         self.flops_per_sample = self._measure_flops()
         self._wrap_model()
+        if loaded is not None and self.parallelism == "ddp":
+            self._settle_ddp_buckets()
         saved_hook = (loaded.rank_state or {}).get("powersgd") if loaded is not None else None
         if saved_hook is not None and self.comm_hook_state is not None:
-            self._settle_ddp_buckets()
             D.load_powersgd_state(self.comm_hook_state, saved_hook, self.device)
         if loaded is not None and self.parallelism == "fsdp" and loaded.sharded_path is None:
             self._fsdp_load_model(loaded.state["model"])  # a gathered (older) checkpoint
@@ -192,11 +193,13 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
             self.wrapped = self.model
 
     def _settle_ddp_buckets(self) -> None:
-        """One trial pass through DDP, leaving nothing behind: DDP lays its gradient
-        buckets out in parameter order for the first step and in gradient-ready order
-        from the second on, and PowerSGD's saved state (error feedback, warm-start
-        matrices) is in the later layout, so a resumed run must not compress in the
-        first. The fresh hook state only counts this pass; the saved one replaces it."""
+        """One trial pass through DDP on resume, leaving nothing behind. DDP lays its
+        gradient buckets out in parameter order for the first step and in gradient-ready
+        order from the second on; the layout decides the order in which more than two
+        ranks' gradients are summed, and PowerSGD's saved state is in the later layout.
+        So the resumed run's first real step must already use the later layout, as the
+        uninterrupted run did at that step. A fresh PowerSGD state only counts this
+        pass; the saved one replaces it."""
         batch = self._peek_batch()
         if batch is None:
             return
