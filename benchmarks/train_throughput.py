@@ -256,7 +256,12 @@ SMOKE = {"vocab": 256, "block": 32, "layers": 2, "heads": 2, "dim": 64, "seqs": 
 """Tiny sizes that run the same code on a CPU in seconds (`--smoke`, the CI check)."""
 
 
-def model_benchmarks(steps: int, device: torch.device, sizes: dict[str, int]) -> dict[str, Any]:
+MODELS = ("gpt2_124m", "resnet50")
+
+
+def model_benchmarks(
+    steps: int, device: torch.device, sizes: dict[str, int], models: tuple[str, ...] = MODELS
+) -> dict[str, Any]:
     from gpt import GPT, GPTConfig, gpt_loss
     from resnet import resnet50
 
@@ -284,16 +289,17 @@ def model_benchmarks(steps: int, device: torch.device, sizes: dict[str, int]) ->
     def build_resnet() -> nn.Module:
         return resnet50(sizes["classes"])
 
-    return {
-        "gpt2_124m": compare(
+    runs = {
+        "gpt2_124m": lambda: compare(
             f"GPT T={t}, batch {seqs}, {sizes['layers']}x{sizes['dim']} (tokens/s)",
             build_gpt, gpt_loss, gpt_batch, seqs * t, steps, warmup, False, device,
         ),
-        "resnet50": compare(
+        "resnet50": lambda: compare(
             f"ResNet-50, {px}x{px}, batch {n} (images/s)",
             build_resnet, classify, (images, labels), n, steps, warmup, True, device,
         ),
     }  # fmt: skip
+    return {name: runs[name]() for name in models}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -308,16 +314,25 @@ def main(argv: list[str] | None = None) -> None:
         help="run the GPU comparison's code at tiny sizes on this machine's CPU (a check, "
         "not a measurement); results under 'smoke'",
     )
+    p.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help="which comparisons to run (one per call fits a short GPU lease better)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        p.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     payload: dict[str, Any] = {}
     if not args.skip_cpu:
         payload["cpu"] = cpu_overhead(args.steps, args.repeats, hidden=256)
         payload["cpu_small"] = cpu_overhead(args.steps // 2, args.repeats, hidden=1024)
     if args.smoke:
-        payload["smoke"] = model_benchmarks(args.cuda_steps, torch.device("cpu"), SMOKE)
+        payload["smoke"] = model_benchmarks(args.cuda_steps, torch.device("cpu"), SMOKE, models)
     elif torch.cuda.is_available():
-        payload["cuda"] = model_benchmarks(args.cuda_steps, torch.device("cuda"), FULL)
+        payload["cuda"] = model_benchmarks(args.cuda_steps, torch.device("cuda"), FULL, models)
     else:
         payload["cuda"] = None
     write_result("train_throughput", payload, args.out)
