@@ -213,10 +213,8 @@ def main(argv: list[str] | None = None) -> FitResult:
     )
     trainer = Trainer(model, gpt_loss, train, config=config, eval_data=val)
     result = trainer.fit()
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(result.summary())
+    if trainer.is_main:  # under torchrun, once rather than once per rank
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.summary())
     return result
 
 

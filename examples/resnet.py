@@ -175,10 +175,10 @@ def main(argv: list[str] | None = None) -> FitResult:
         store=not args.no_store,
         extra={"model": "resnet"},
     )
-    result = Trainer(
-        model, classification_loss, synthetic_images(args.samples), config=config
-    ).fit()
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.summary())
+    trainer = Trainer(model, classification_loss, synthetic_images(args.samples), config=config)
+    result = trainer.fit()
+    if trainer.is_main:  # under torchrun, once rather than once per rank
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.summary())
     return result
 
 

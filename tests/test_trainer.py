@@ -281,3 +281,11 @@ def test_dataloader_defaults_come_from_the_machine(monkeypatch):
     assert loader.persistent_workers and loader.prefetch_factor == 4
     inline = D.make_source(tiny.dataset(), **{**common, "device_type": "cpu"}).loader
     assert inline.num_workers == 0 and not inline.pin_memory
+
+
+def test_is_main_is_rank_zero_or_a_single_process(monkeypatch):
+    trainer = Trainer(tiny.build_model(), tiny.plain_loss, tiny.dataset(), config=tiny.config())
+    monkeypatch.delenv("RANK", raising=False)
+    assert trainer.is_main
+    monkeypatch.setenv("RANK", "1")
+    assert not trainer.is_main

@@ -8,6 +8,7 @@ step boundaries, so a step is either fully done and saved, or redone.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -312,6 +313,12 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         if self._pending_batch is None:
             self._pending_batch = self._fetch_batch()
         return self._pending_batch
+
+    @property
+    def is_main(self) -> bool:
+        """True in the process that reports: rank 0 under torchrun, or a single process
+        (what to print from, so a summary shows once)."""
+        return int(os.environ.get("RANK", "0")) == 0
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> FitResult:
