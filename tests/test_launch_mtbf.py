@@ -119,6 +119,17 @@ def test_cloudtrain_run_on_a_spot_offer_prices_the_run_and_sets_the_mtbf(run_cli
     assert seen["price"] == pytest.approx(offer.spot_usd_per_hour)  # one node
     assert seen["mtbf_s"] == pytest.approx(mtbf_s_from_band(offer.interruption_band))
     assert "aws/us-east-1/p5.48xlarge spot" in done.stderr
+    from cloudtrain.store import RunStore
+
+    with RunStore.open() as store:  # the run knows where it ran: diagnose's carbon and PUE
+        run = store.list_runs(limit=1)[0]
+    assert (run.provider, run.region, run.instance_type, run.pricing) == (
+        "aws",
+        "us-east-1",
+        "p5.48xlarge",
+        "spot",
+    )
+    assert run.config["offer"]["gpu"] == "H100-SXM"  # the GPU is the one the Trainer sees
 
 
 @pytest.mark.parametrize(

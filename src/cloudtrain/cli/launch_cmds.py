@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -82,10 +83,11 @@ def run(
 
     if mtbf_hours is not None and band is not None:
         raise UserError("give --mtbf-hours or --interruption-band, not both")
+    offer_facts: dict[str, Any] | None = None
     if offer is not None:
         if price is not None:
             raise UserError("give --price or --offer, not both")
-        price, offer_band = _offer_terms(offer, pricing)
+        price, offer_band, offer_facts = _offer_terms(offer, pricing)
         if mtbf_hours is None and band is None:
             band = offer_band
     mtbf_s = mtbf_hours * 3600.0 if mtbf_hours is not None else None
@@ -108,6 +110,7 @@ def run(
         checkpoint_dir=checkpoint_dir,
         name=name,
         mtbf_s=mtbf_s,
+        offer=offer_facts,
     )
     outcome = supervise(spec)
     if as_json:
@@ -116,8 +119,9 @@ def run(
     raise typer.Exit(outcome.exit_code)
 
 
-def _offer_terms(ref: str, pricing: str) -> tuple[float, str | None]:
-    """(USD per hour of one node, interruption band on spot or None) of a catalog offer."""
+def _offer_terms(ref: str, pricing: str) -> tuple[float, str | None, dict[str, Any]]:
+    """(USD per hour of one node, interruption band on spot or None, what the run
+    records of the offer) of a catalog offer."""
     from cloudtrain.catalog import PRICINGS, find_offer, offer_price, offer_ref
     from cloudtrain.cli.config_cmds import cli_catalog
     from cloudtrain.errors import UnknownNameError
@@ -135,7 +139,15 @@ def _offer_terms(ref: str, pricing: str) -> tuple[float, str | None]:
         f"cloudtrain run: {offer_ref(chosen)} {pricing} at {price:.4g} USD/h per node{note}",
         err=True,
     )
-    return price, band
+    facts = {
+        "provider": chosen.provider,
+        "region": chosen.region,
+        "instance_type": chosen.instance_type,
+        "pricing": key,
+        "gpu": chosen.gpu,
+        "gpu_count": chosen.gpu_count,
+    }
+    return price, band, facts
 
 
 def _positive_int(text: str, flag: str) -> int:

@@ -24,13 +24,18 @@ class RunRecorder:
     @classmethod
     def open(cls, config: dict[str, Any], *, store_path: str | Path | None = None) -> RunRecorder:
         store = RunStore.open(store_path)
+        offer = config.get("offer") or {}
         run_id = store.create_run(
             config.get("name"),
             kind="train",
             config=config,
             command=list(config.get("command", ())),
             price_usd_per_hour=config.get("price_usd_per_hour"),
-        )
+            provider=offer.get("provider"),
+            region=offer.get("region"),
+            instance_type=offer.get("instance_type"),
+            pricing=offer.get("pricing"),
+        )  # the GPU itself is what the Trainer detects, not what the offer promised
         return cls(store, run_id)
 
     def __enter__(self) -> RunRecorder:

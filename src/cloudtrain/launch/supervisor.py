@@ -96,6 +96,10 @@ class RunSpec:
     mtbf_s: float | None = None
     """Expected seconds between interruptions of the job, handed to the script as
     CLOUDTRAIN_MTBF_S (the Trainer's "auto" checkpoint interval uses it); None: unset."""
+    offer: dict[str, Any] | None = None
+    """The catalog offer this machine is (provider, region, instance_type, pricing, gpu,
+    gpu_count), recorded with the run so reports know its region's carbon intensity
+    and its provider's PUE; None: not given."""
 
     def __post_init__(self) -> None:
         if not self.command:
