@@ -45,7 +45,7 @@ def test_watch_runs_and_records_a_command(run_cli, cloudtrain_home: Path):
         "0.2",
         "--name",
         "scripted",
-        "--price-usd-per-hour",
+        "--price",
         "3.6",
         "--",
         sys.executable,

@@ -87,3 +87,15 @@ def test_a_bad_node_price_in_the_environment_names_the_variable(monkeypatch, val
     monkeypatch.setenv(NODE_PRICE_ENV, value)
     with pytest.raises(UserError, match=NODE_PRICE_ENV):
         TrainConfig(max_steps=1)
+
+
+def test_opting_out_of_the_launchers_checkpoint_dir_is_said(monkeypatch, tmp_path, capsys):
+    """checkpoint_dir=None passed on purpose (or from an unset flag) under cloudtrain run:
+    one line says nothing will be saved; leaving it out uses the launcher's directory."""
+    monkeypatch.setenv(CHECKPOINT_DIR_ENV, str(tmp_path / "ck"))
+    cfg = tiny.config(max_steps=2, checkpoint_dir=None)
+    Trainer(tiny.build_model(), tiny.plain_loss, tiny.dataset(), config=cfg).fit()
+    assert "checkpoint_dir=None: nothing is saved" in capsys.readouterr().err
+    result = Trainer(tiny.build_model(), tiny.plain_loss, tiny.dataset(), config=tiny.config(
+        max_steps=2)).fit()  # fmt: skip
+    assert "nothing is saved" not in capsys.readouterr().err and result.last_checkpoint

@@ -20,12 +20,13 @@ from cloudtrain.runtime.checkpoint import (
     CheckpointManager,
     LoadedCheckpoint,
     load_checkpoint,
+    seed_everything,
     young_interval_s,
 )
 from cloudtrain.runtime.config import TrainConfig
 from cloudtrain.runtime.preempt import EXIT_GRACE_EXPIRED, EXIT_PREEMPTED
 from cloudtrain.runtime.result import Callback, FitResult
-from cloudtrain.runtime.trainer import Trainer, seed_everything
+from cloudtrain.runtime.trainer import Trainer
 
 __all__ = [
     "EXIT_GRACE_EXPIRED",

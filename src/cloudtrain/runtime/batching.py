@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 from torch import nn
+
+from cloudtrain.runtime.checkpoint import capture_rng, restore_rng
 
 
 class MemoryProbe(Protocol):
@@ -67,19 +67,16 @@ def no_side_effects(model: nn.Module, device: torch.device) -> Iterator[None]:
     """Run trial passes without changing what the real run will compute: RNG states,
     buffers and gradients are as they were afterwards."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    devices = [device] if device.type == "cuda" else []
-    host_rngs = random.getstate(), np.random.get_state()  # a loss_fn may draw from these
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(host_rngs[0])
-            np.random.set_state(host_rngs[1])
-            model.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for name, b in model.named_buffers():
-                    if name in buffers:
-                        b.copy_(buffers[name])
+    rngs = capture_rng(device)  # Python and NumPy too: a loss_fn may draw from them
+    try:
+        yield
+    finally:
+        restore_rng(rngs, device)
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
 
 
 def find_micro_batch(

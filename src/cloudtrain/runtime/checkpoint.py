@@ -64,18 +64,44 @@ def young_interval_s(save_s: float, mtbf_s: float) -> float:
 # --- RNG --------------------------------------------------------------------------
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and every CUDA device; in a DataLoader worker
+    forked from a CUDA process torch leaves CUDA alone)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def numpy_rng_state(rng: Any = np.random) -> dict[str, Any]:
+    """A NumPy MT19937 state (the global one, or a RandomState's) as a tensor and plain
+    numbers, so it loads with weights_only=True."""
+    state = rng.get_state(legacy=False)
+    return {
+        "key": torch.from_numpy(state["state"]["key"].astype(np.int64)),
+        "pos": int(state["state"]["pos"]),
+        "has_gauss": int(state["has_gauss"]),
+        "gauss": float(state["gauss"]),
+    }
+
+
+def set_numpy_rng_state(saved: dict[str, Any], rng: Any = np.random) -> None:
+    """Put back what `numpy_rng_state` returned."""
+    rng.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": saved["key"].numpy().astype(np.uint32), "pos": saved["pos"]},
+            "has_gauss": saved["has_gauss"],
+            "gauss": saved["gauss"],
+        }
+    )
+
+
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """Python, NumPy, torch CPU and (this rank's) CUDA generator states, as tensors
     and plain values so they load with weights_only=True."""
-    np_state = np.random.get_state(legacy=False)
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
+        "numpy": numpy_rng_state(),
         "torch": torch.get_rng_state(),
     }
     if device.type == "cuda":
@@ -86,15 +112,7 @@ def capture_rng(device: torch.device) -> dict[str, Any]:
 def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
-            "has_gauss": n["has_gauss"],
-            "gauss": n["gauss"],
-        }
-    )
+    set_numpy_rng_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)

@@ -19,17 +19,16 @@ share of the global batch):
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from cloudtrain.errors import UserError
 from cloudtrain.runtime.batch import batch_size, concat_batches, slice_batch
+from cloudtrain.runtime.checkpoint import seed_everything
 
 
 @dataclass
@@ -115,18 +114,12 @@ class SeededDataset(Dataset):
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
         indices = [index for _, index in keys]
-        _seed_host_rngs(keys[0][0])
+        seed_everything(keys[0][0])
         many = getattr(self.dataset, "__getitems__", None)
         return list(many(indices)) if many else [self.dataset[i] for i in indices]
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         return self.__getitems__([key])[0]
-
-
-def _seed_host_rngs(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.default_generator.manual_seed(seed)  # CPU only; workers have no CUDA RNG
 
 
 def default_num_workers(device_type: str, local_world: int) -> int:

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from cloudtrain.errors import UserError
+from cloudtrain.runtime.checkpoint import numpy_rng_state, set_numpy_rng_state
 
 
 @dataclass(frozen=True)
@@ -246,19 +246,13 @@ def powersgd_state_dict(state: Any) -> dict[str, Any]:
     """What a PowerSGD hook carries from step to step on this rank (its step count, the
     error feedback, the warm-start matrices and the RNG that seeds new projections), as
     tensors and numbers a weights-only checkpoint can hold."""
-    _, keys, pos, has_gauss, cached_gaussian = state.rng.get_state()
     return {
         "iter": int(state.iter),
         **{
             field: {k: v.detach().cpu().clone() for k, v in getattr(state, field).items()}
             for field in POWERSGD_TENSOR_FIELDS
         },
-        "rng": {
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
+        "rng": numpy_rng_state(state.rng),
     }
 
 
@@ -267,9 +261,7 @@ def load_powersgd_state(state: Any, saved: dict[str, Any], device: torch.device)
     state.iter = int(saved["iter"])
     for field in POWERSGD_TENSOR_FIELDS:
         setattr(state, field, {int(k): v.to(device) for k, v in saved[field].items()})
-    rng = saved["rng"]
-    keys = rng["keys"].numpy().astype(np.uint32)
-    state.rng.set_state(("MT19937", keys, rng["pos"], rng["has_gauss"], rng["cached_gaussian"]))
+    set_numpy_rng_state(saved["rng"], state.rng)
 
 
 def wrap_fsdp(model: nn.Module, device: torch.device) -> nn.Module:

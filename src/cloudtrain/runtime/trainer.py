@@ -9,13 +9,11 @@ step boundaries, so a step is either fully done and saved, or redone.
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -32,8 +30,13 @@ from cloudtrain.runtime.batching import (
     micro_slices,
     no_side_effects,
 )
-from cloudtrain.runtime.checkpoint import CheckpointManager, LoadedCheckpoint, restore_rng
-from cloudtrain.runtime.config import TrainConfig
+from cloudtrain.runtime.checkpoint import (
+    CheckpointManager,
+    LoadedCheckpoint,
+    restore_rng,
+    seed_everything,
+)
+from cloudtrain.runtime.config import CHECKPOINT_DIR_ENV, TrainConfig
 from cloudtrain.runtime.data import DataPosition, make_source
 from cloudtrain.runtime.precision import (
     apply_tf32,
@@ -58,13 +61,6 @@ from cloudtrain.runtime.trainer_telemetry import TelemetryMixin
 from cloudtrain.runtime.trainstate import StepFlags
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and every CUDA device)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class Trainer(CheckpointingMixin, TelemetryMixin):
@@ -234,6 +230,13 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
 
     def _checkpoint_manager(self) -> CheckpointManager | None:
         if self.config.checkpoint_dir is None:
+            launcher_dir = os.environ.get(CHECKPOINT_DIR_ENV)
+            if launcher_dir:  # e.g. checkpoint_dir=args.checkpoint_dir with the flag unset
+                self._say(
+                    f"${CHECKPOINT_DIR_ENV} is {launcher_dir} but this TrainConfig has "
+                    "checkpoint_dir=None: nothing is saved and a restart starts over "
+                    "(leave checkpoint_dir out to use it)"
+                )
             return None
         return CheckpointManager(
             self.config.checkpoint_dir,
