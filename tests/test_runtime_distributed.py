@@ -242,7 +242,7 @@ def test_host_agreements_use_the_default_group_when_it_is_gloo(tmp_path):
         "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
     )
     try:
-        assert D.host_group() is None  # gloo carries CPU tensors: no second group
+        assert D.host_plane().group is None  # gloo carries CPU tensors: no second group
     finally:
         dist.destroy_process_group()
 

@@ -135,11 +135,11 @@ def test_host_agreements_under_nccl_go_through_a_gloo_group(tmp_path):
         "nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
     )
     try:
-        group = D.host_group()
+        group = D.host_plane().group
         assert group is not None and dist.get_backend(group) == "gloo"
         flags = torch.tensor([0, 1], dtype=torch.int64)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-        assert flags.tolist() == [0, 1] and D.host_group() is group  # created once
+        assert flags.tolist() == [0, 1] and D.host_plane().group is group  # created once
     finally:
         dist.destroy_process_group()
 
@@ -184,7 +184,7 @@ def test_without_a_gloo_group_agreements_fall_back_to_the_gpu(tmp_path, monkeypa
     )
     monkeypatch.setattr(dist, "new_group", cannot_connect)
     try:
-        plane = D._host_plane()
+        plane = D.host_plane()
         assert plane.group is None and plane.device.type == "cuda"
         assert D._all_reduce_ints([3, 0], dist.ReduceOp.MAX) == [3, 0]
         assert "GLOO_SOCKET_IFNAME" in capsys.readouterr().err

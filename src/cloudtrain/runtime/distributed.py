@@ -94,10 +94,10 @@ _plane: list[_HostPlane] = []
 SIDE_GROUP_TIMEOUT = timedelta(seconds=120)
 
 
-def host_group() -> Any:
-    """The process group for agreements between ranks on host values (flags, sizes,
-    timings): the default group when its backend carries CPU tensors (gloo), otherwise
-    a gloo group over the same ranks, created on first use. Agreeing on CPU tensors
+def host_plane() -> _HostPlane:
+    """How ranks agree on host values (flags, sizes, timings): through the default group
+    when its backend carries CPU tensors (gloo), otherwise through a gloo group over the
+    same ranks, created on first use. Agreeing on CPU tensors
     never waits for the GPU; the same all_reduce on a CUDA tensor under NCCL would make
     the host wait for every kernel queued before it, once per step.
 
@@ -105,10 +105,6 @@ def host_group() -> Any:
     because every caller is a collective. If gloo cannot connect (a host whose name
     resolves to an interface the others cannot reach), agreements go through the
     default group on the GPU, with one line saying so."""
-    return _host_plane().group
-
-
-def _host_plane() -> _HostPlane:
     world = dist.group.WORLD
     if not _plane or _plane[0].world is not world:
         _plane[:] = [_make_plane(world)]
@@ -132,7 +128,7 @@ def _make_plane(world: Any) -> _HostPlane:
 
 
 def _all_reduce_ints(values: list[int], op: Any) -> list[int]:
-    plane = _host_plane()
+    plane = host_plane()
     t = torch.tensor(values, dtype=torch.int64, device=plane.device)
     dist.all_reduce(t, op=op, group=plane.group)
     return [int(v) for v in t.tolist()]
@@ -140,16 +136,11 @@ def _all_reduce_ints(values: list[int], op: Any) -> list[int]:
 
 def agree_flags(flags: list[bool]) -> list[bool]:
     """Each flag True on every rank when it is True on any rank (one all_reduce on the
-    host, see host_group)."""
+    host, see host_plane)."""
     if not _distributed():
         return list(flags)
     agreed = _all_reduce_ints([1 if f else 0 for f in flags], dist.ReduceOp.MAX)
     return [bool(v) for v in agreed]
-
-
-def any_true(flag: bool) -> bool:
-    """True on every rank when `flag` is True on any rank."""
-    return agree_flags([flag])[0]
 
 
 def gather_floats(values: list[float]) -> list[list[float]]:
@@ -157,7 +148,7 @@ def gather_floats(values: list[float]) -> list[list[float]]:
     small float64 CPU tensor. A single process gets `[values]`."""
     if not _distributed():
         return [list(values)]
-    plane = _host_plane()
+    plane = host_plane()
     mine = torch.tensor(values, dtype=torch.float64, device=plane.device)
     out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(out, mine, group=plane.group)
@@ -175,18 +166,10 @@ def broadcast_int(value: int) -> int:
     """Rank 0's `value` on every rank."""
     if not _distributed():
         return value
-    plane = _host_plane()
+    plane = host_plane()
     t = torch.tensor([value], dtype=torch.int64, device=plane.device)
     dist.broadcast(t, src=0, group=plane.group)
     return int(t.item())
-
-
-def mean_across_ranks(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= dist.get_world_size()
-    return t
 
 
 def resolve_parallelism(requested: str, env: DistEnv) -> str:

@@ -386,7 +386,7 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
     def _agree_step_flags(self, oom: bool) -> bool:
         """The one agreement between ranks per step, made before the micro-batch that
         communicates: whether any rank ran out of memory (returned), and the StepFlags
-        every rank then acts on after the step. Host values only (see D.host_group)."""
+        every rank then acts on after the step. Host values only (see D.host_plane)."""
         local = self._local_flags()
         flags = [oom, local.preempted, local.out_of_time, local.checkpoint_due]
         arrived = time.perf_counter()
