@@ -35,7 +35,9 @@ fi
 for model in gpt2_124m resnet50; do
     short="${model%%[0-9_]*}"  # gpt, resnet
     [[ "$part" == all || "$part" == "$short" ]] || continue
-    python benchmarks/train_throughput.py --skip-cpu --models "$model" \
-        --out "$out/train_throughput_$model.json" >"$out/train_throughput_$model.log" 2>&1
+    extra=()  # FP8 (d) for the GPT when torchao is there
+    [[ "$short" == gpt ]] && python -c 'import torchao' 2>/dev/null && extra=(--fp8)
+    python benchmarks/train_throughput.py --skip-cpu --models "$model" "${extra[@]}" \
+        --out "$out/train_throughput_$model.json" 2>&1 | tee "$out/train_throughput_$model.log"
 done
 ls -l "$out"

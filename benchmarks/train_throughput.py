@@ -9,15 +9,19 @@ CUDA (when present): GPT-2 124M (T=1024) and a ResNet-50 (batch 256, 224x224) as
 (a) a plain fp32 loop, (b) a hand-tuned loop (bf16 autocast, TF32, fused AdamW,
 torch.compile; channels_last for the ResNet) and (c) the Trainer with defaults.
 Reports tokens/s or images/s, MFU against the catalog peak, c/b (target >= 0.97)
-and c/a. Batches are pre-made in pinned host memory and copied each step by all three.
+and c/a; each step time is the median over 10-step windows after warm-up. `--fp8`
+adds (d) the Trainer with precision="fp8" to the GPT comparison. Batches are pre-made
+in pinned host memory and copied each step by all of them.
 
     python benchmarks/train_throughput.py [--steps 300] [--repeats 3] [--out FILE]
+    python benchmarks/train_throughput.py --skip-cpu [--cuda-steps 100] [--fp8]  # GPU
     python benchmarks/train_throughput.py --skip-cpu --smoke --cuda-steps 4   # CPU check
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -41,24 +45,31 @@ from cloudtrain.runtime.telemetry import device_peak, measure_flops  # noqa: E40
 
 
 class StepClock(Callback):
-    """Wall time from the end of step `start` to the end of step `stop` (synchronised)."""
+    """Synchronised wall-clock times at the end of each step in `marks`."""
 
-    def __init__(self, start: int, stop: int) -> None:
-        self.start, self.stop = start, stop
-        self.t0 = self.t1 = 0.0
+    def __init__(self, marks: list[int]) -> None:
+        self.marks = set(marks)
+        self.times: dict[int, float] = {}
 
     def on_step_end(self, trainer, step, loss) -> None:
-        if step in (self.start, self.stop):
-            if trainer.device.type == "cuda":
-                torch.cuda.synchronize(trainer.device)
-            if step == self.start:
-                self.t0 = time.perf_counter()
-            else:
-                self.t1 = time.perf_counter()
+        if step in self.marks:
+            _sync(trainer.device)
+            self.times[step] = time.perf_counter()
 
-    @property
-    def seconds(self) -> float:
-        return self.t1 - self.t0
+    def window_step_s(self) -> list[float]:
+        return window_step_s(self.times)
+
+
+def timing_marks(steps: int, warmup: int, window: int) -> list[int]:
+    """Steps after which the clock is read: the end of warm-up, every `window` steps
+    after it, and the last step."""
+    return sorted({*range(warmup, steps, window), steps})
+
+
+def window_step_s(times: dict[int, float]) -> list[float]:
+    """Seconds per step in each window between consecutive clock readings."""
+    steps = sorted(times)
+    return [(times[b] - times[a]) / (b - a) for a, b in itertools.pairwise(steps)]
 
 
 # ----------------------------------------------------------------------------- CPU
@@ -112,7 +123,7 @@ def plain_cpu(steps: int, warmup: int, batch: int, hidden: int) -> float:
 
 def trainer_cpu(steps: int, warmup: int, batch: int, home: Path, hidden: int) -> float:
     model, data = _tiny(hidden)
-    clock = StepClock(warmup, steps)
+    clock = StepClock([warmup, steps])
     cfg = TrainConfig(
         max_steps=steps,
         global_batch_size=batch,
@@ -123,7 +134,7 @@ def trainer_cpu(steps: int, warmup: int, batch: int, home: Path, hidden: int) ->
         device="cpu",
     )
     Trainer(model, _ce, data, config=cfg, callbacks=[clock]).fit()
-    return clock.seconds / (steps - warmup)
+    return clock.window_step_s()[0]
 
 
 def cpu_overhead(steps: int, repeats: int, hidden: int, batch: int = 64) -> dict[str, Any]:
@@ -167,8 +178,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _hand_loop(
-    model, loss_fn, batch, steps, warmup, *, tuned: bool, channels_last: bool, device
-) -> float:
+    model, loss_fn, batch, marks, *, tuned: bool, channels_last: bool, device
+) -> list[float]:
     cuda = device.type == "cuda"
     model = model.to(device)
     if tuned:
@@ -179,8 +190,8 @@ def _hand_loop(
         if cuda:
             model.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=tuned and cuda)
-    t0 = 0.0
-    for i in range(steps):
+    times: dict[int, float] = {}
+    for step in range(1, marks[-1] + 1):
         x, y = (t.to(device, non_blocking=True) for t in batch)
         if tuned and channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -189,28 +200,28 @@ def _hand_loop(
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if i + 1 == warmup:
+        if step in marks:
             _sync(device)
-            t0 = time.perf_counter()
-    _sync(device)
+            times[step] = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    return (time.perf_counter() - t0) / (steps - warmup)
+    return window_step_s(times)
 
 
-def _trainer_loop(model, loss_fn, batch, steps, warmup, home: Path, device) -> float:
-    clock = StepClock(warmup, steps)
+def _trainer_loop(model, loss_fn, batch, marks, home: Path, device, **config) -> list[float]:
+    clock = StepClock(marks)
     n = batch[0].shape[0]
     cfg = TrainConfig(
-        max_steps=steps,
+        max_steps=marks[-1],
         global_batch_size=n,
         lr=1e-4,
         progress=False,
         store=home / "store.db",
         device=device.type,
+        **config,
     )
     Trainer(model, loss_fn, _cycle(batch), config=cfg, callbacks=[clock]).fit()
-    return clock.seconds / (steps - warmup)
+    return clock.window_step_s()
 
 
 def _flops_per_step(build, loss_fn, batch, device) -> float:
@@ -220,8 +231,12 @@ def _flops_per_step(build, loss_fn, batch, device) -> float:
         return measure_flops(lambda: loss_fn(model, (x, y)).backward())
 
 
-def compare(name, build, loss_fn, batch, unit_per_step, steps, warmup, channels_last, device):
-    """(a) plain fp32, (b) hand-tuned and (c) Trainer-with-defaults on `device`."""
+def compare(
+    name, build, loss_fn, batch, unit_per_step, marks, channels_last, device, fp8=False
+) -> dict[str, Any]:
+    """(a) plain fp32, (b) hand-tuned and (c) Trainer-with-defaults on `device`, and with
+    `fp8` (d) the Trainer with precision="fp8". Each variant's step time is the median
+    over windows of steps after warm-up (the per-window times are in the result)."""
     flops = _flops_per_step(build, loss_fn, batch, device)
     prec = resolve_precision("auto", device, allow_tf32=True)
     peaks = {
@@ -229,22 +244,35 @@ def compare(name, build, loss_fn, batch, unit_per_step, steps, warmup, channels_
         "bf16": device_peak(device, prec.peak_dtype).peak_flops,
     }
     loop = dict(channels_last=channels_last, device=device)
-    with tempfile.TemporaryDirectory() as home:
-        times = {
-            "a_plain_fp32": _hand_loop(build(), loss_fn, batch, steps, warmup, tuned=False, **loop),
-            "b_hand_tuned": _hand_loop(build(), loss_fn, batch, steps, warmup, tuned=True, **loop),
-            "c_trainer": _trainer_loop(build(), loss_fn, batch, steps, warmup, Path(home), device),
-        }
+    args = (loss_fn, batch, marks)
+    variants = {
+        "a_plain_fp32": lambda home: _hand_loop(build(), *args, tuned=False, **loop),
+        "b_hand_tuned": lambda home: _hand_loop(build(), *args, tuned=True, **loop),
+        "c_trainer": lambda home: _trainer_loop(build(), *args, home, device),
+    }
+    if fp8:
+        variants["d_trainer_fp8"] = lambda home: _trainer_loop(
+            build(), *args, home, device, precision="fp8"
+        )
     out: dict[str, Any] = {"model": name, "device": str(device), "flops_per_step": flops}
-    for key, step_s in times.items():
-        peak = peaks["fp32"] if key.startswith("a_") else peaks["bf16"]
-        out[key] = {
-            "step_s": step_s,
-            "per_s": unit_per_step / step_s,
-            "mfu": flops / step_s / peak if peak else None,
-        }
-    out["c_over_b"] = times["b_hand_tuned"] / times["c_trainer"]
-    out["c_over_a"] = times["a_plain_fp32"] / times["c_trainer"]
+    with tempfile.TemporaryDirectory() as home:
+        for key, run in variants.items():
+            windows = run(Path(home))
+            step_s = statistics.median(windows)
+            peak = peaks["fp32"] if key.startswith("a_") else peaks["bf16"]
+            out[key] = {
+                "step_s": step_s,
+                "per_s": unit_per_step / step_s,
+                "mfu": flops / step_s / peak if peak else None,
+                "window_step_s": windows,
+            }
+            print(f"{name} {key}: {step_s * 1e3:.2f} ms/step, {unit_per_step / step_s:,.0f}/s",
+                  flush=True)  # fmt: skip
+    step = {key: out[key]["step_s"] for key in variants}
+    out["c_over_b"] = step["b_hand_tuned"] / step["c_trainer"]
+    out["c_over_a"] = step["a_plain_fp32"] / step["c_trainer"]
+    if fp8:
+        out["d_over_c"] = step["c_trainer"] / step["d_trainer_fp8"]
     out["target_c_over_b_min"] = 0.97
     return out
 
@@ -260,12 +288,17 @@ MODELS = ("gpt2_124m", "resnet50")
 
 
 def model_benchmarks(
-    steps: int, device: torch.device, sizes: dict[str, int], models: tuple[str, ...] = MODELS
+    steps: int,
+    device: torch.device,
+    sizes: dict[str, int],
+    models: tuple[str, ...] = MODELS,
+    fp8: bool = False,
+    window: int = 10,
 ) -> dict[str, Any]:
     from gpt import GPT, GPTConfig, gpt_loss
     from resnet import resnet50
 
-    warmup = max(2, steps // 5)
+    marks = timing_marks(steps, max(2, steps // 5), window)
     pin = device.type == "cuda"
     seqs, t = sizes["seqs"], sizes["block"]
     tokens = torch.randint(0, sizes["vocab"], (seqs, t + 1))
@@ -292,11 +325,11 @@ def model_benchmarks(
     runs = {
         "gpt2_124m": lambda: compare(
             f"GPT T={t}, batch {seqs}, {sizes['layers']}x{sizes['dim']} (tokens/s)",
-            build_gpt, gpt_loss, gpt_batch, seqs * t, steps, warmup, False, device,
+            build_gpt, gpt_loss, gpt_batch, seqs * t, marks, False, device, fp8,
         ),
         "resnet50": lambda: compare(
             f"ResNet-50, {px}x{px}, batch {n} (images/s)",
-            build_resnet, classify, (images, labels), n, steps, warmup, True, device,
+            build_resnet, classify, (images, labels), n, marks, True, device,
         ),
     }  # fmt: skip
     return {name: runs[name]() for name in models}
@@ -306,7 +339,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300, help="CPU steps per run")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cuda-steps", type=int, default=50)
+    p.add_argument("--cuda-steps", type=int, default=100)
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="add (d) the Trainer with precision='fp8' to the GPT comparison (CUDA 8.9+, torchao)",
+    )
     p.add_argument("--skip-cpu", action="store_true")
     p.add_argument(
         "--smoke",
@@ -332,7 +370,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         payload["smoke"] = model_benchmarks(args.cuda_steps, torch.device("cpu"), SMOKE, models)
     elif torch.cuda.is_available():
-        payload["cuda"] = model_benchmarks(args.cuda_steps, torch.device("cuda"), FULL, models)
+        payload["cuda"] = model_benchmarks(
+            args.cuda_steps, torch.device("cuda"), FULL, models, fp8=args.fp8
+        )
     else:
         payload["cuda"] = None
     write_result("train_throughput", payload, args.out)
