@@ -10,7 +10,8 @@ overhead = (sampler CPU - baseline CPU) / wall time, in % of one core. Target: <
 
 Without a GPU (and without --recording) the GPU part is empty; with --recording the GPU
 path runs over replayed NVML readings (no driver cost, so the real cost on a GPU host is
-that plus the NVML calls: measure there too).
+that plus the NVML calls: measure there too). `nvml_ms_per_tick` gives each NVML
+reading's CPU and wall milliseconds per tick, so a cost on a GPU host can be placed.
 """
 
 from __future__ import annotations
@@ -88,6 +89,31 @@ def sampler_run(interval_s: float, recording: str | None, store_path: Path, stat
     return run
 
 
+def nvml_call_costs(recording: str | None, ticks: int = 5) -> dict:
+    """CPU and wall milliseconds per tick of each NVML reading, over `ticks` ticks
+    (separate from the overhead run, so the timing wrapper does not count there)."""
+    nvml = open_nvml(recording)
+    costs: dict[str, dict[str, float]] = {}
+    query = nvml.query
+
+    def timed(index, name, *args):
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        try:
+            return query(index, name, *args)
+        finally:
+            cost = costs.setdefault(name, {"cpu_ms": 0.0, "wall_ms": 0.0})
+            cost["cpu_ms"] += 1000 * (time.thread_time() - cpu0) / ticks
+            cost["wall_ms"] += 1000 * (time.perf_counter() - wall0) / ticks
+
+    nvml.query = timed  # type: ignore[method-assign]
+    sampler = Sampler(config=SamplerConfig(), nvml=nvml, pid=os.getpid())  # no store
+    sampler.tick()  # the first tick reads the static facts once
+    costs.clear()
+    for _ in range(ticks):
+        sampler.tick()
+    return dict(sorted(costs.items(), key=lambda item: -item[1]["cpu_ms"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=10.0)
@@ -99,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run = sampler_run(args.interval_s, args.recording, Path(tmp) / "store.db", stats)
         sampler_cpu_s, sampler_wall_s = _measure(run, args.duration_s)
+        stats["nvml_ms_per_tick"] = nvml_call_costs(args.recording)
     base_cpu_s, base_wall_s = _measure(idle_baseline(args.interval_s), args.duration_s)
     sampler_pct = 100 * sampler_cpu_s / sampler_wall_s
     base_pct = 100 * base_cpu_s / base_wall_s

@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     else:
         payload["cuda"] = None
-    write_result("train_throughput", payload, args.out)
+    print(f"wrote {write_result('train_throughput', payload, args.out)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from torch import nn
 from _train_scripts import tiny
 from cloudtrain.catalog import resolve_gpu
 from cloudtrain.monitor import Nvml
-from cloudtrain.runtime import Trainer
+from cloudtrain.runtime import Callback, Trainer
 from cloudtrain.runtime.precision import resolve_precision
 from cloudtrain.runtime.setup import use_channels_last
 from cloudtrain.store import RunStore
@@ -148,25 +148,67 @@ def test_fp8_precision_trains_on_hopper_and_newer():
     if torch.cuda.get_device_capability(0) < (8, 9):
         pytest.skip("FP8 needs compute capability 8.9+")
     pytest.importorskip("torchao")
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 8)
-    )
-    x = torch.randn(512, 64)
+    x = torch.randn(512, 64, generator=torch.Generator().manual_seed(1))
     data = torch.utils.data.TensorDataset(x, x[:, :8].sin())
 
     def mse(m, batch):
         return nn.functional.mse_loss(m(batch[0]).float(), batch[1])
 
-    with torch.no_grad():
-        initial = mse(model, data[:64]).item()
-    trainer, result = _fit(
-        model, loss=mse, data=data, precision="fp8", max_steps=40, micro_batch_size=64,
-        global_batch_size=64, compile=False, log_every_steps=40,
-    )  # fmt: skip
-    assert result.precision == "fp8"
+    def train(precision: str):
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 8)
+        )
+        with torch.no_grad():
+            initial = mse(model, data[:64]).item()
+        trainer, result = _fit(
+            model, loss=mse, data=data, precision=precision, max_steps=40, lr=3e-3,
+            micro_batch_size=64, global_batch_size=64, compile=False, log_every_steps=40,
+        )  # fmt: skip
+        return trainer, result, initial
+
+    trainer, fp8, initial = train("fp8")
+    _, bf16, _ = train("bf16")
+    assert fp8.precision == "fp8" and bf16.precision == "bf16"
     assert type(trainer.model[2]).__name__ == "Float8Linear"  # the inner layer converted
-    assert result.final_loss < 0.5 * initial
+    assert fp8.final_loss < 0.5 * initial  # it learns
+    assert fp8.final_loss < 2 * bf16.final_loss  # about as well as bf16
+
+
+class _ReseedCuda(Callback):
+    def on_fit_start(self, trainer):
+        torch.cuda.manual_seed(999)  # as if the CUDA RNG state had not been restored
+
+
+def _defaults_run(steps: int, ckpt, callbacks=()):
+    model = tiny.build_model()  # dropout: the CUDA RNG decides what each step computes
+    log = tiny.LossLog()
+    cfg = tiny.config(max_steps=steps, checkpoint_dir=ckpt)
+    data = tiny.dataset()
+    trainer = Trainer(model, tiny.noisy_loss, data, config=cfg, callbacks=[log, *callbacks])
+    trainer.fit()
+    return trainer, model, log.losses
+
+
+def _same_params(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_resume_on_the_gpu_is_bit_identical(tmp_path):
+    """With the CUDA defaults (compile, bf16 autocast, fused AdamW), dropout and
+    accumulation, a run cut at step 3 and resumed equals the uncut run bit for bit;
+    reseeding the CUDA RNG after the restore (the negative control) breaks that."""
+    trainer, reference, reference_losses = _defaults_run(8, None)
+    assert trainer.device.type == "cuda" and trainer.compiled
+    _, _, first = _defaults_run(3, tmp_path / "exact")
+    _, resumed, second = _defaults_run(8, tmp_path / "exact")
+    assert sorted(second) == list(range(4, 9))
+    assert {**first, **second} == reference_losses
+    assert _same_params(resumed, reference)
+    _defaults_run(3, tmp_path / "sloppy")
+    _, sloppy, _ = _defaults_run(8, tmp_path / "sloppy", [_ReseedCuda()])
+    assert not _same_params(sloppy, reference)
 
 
 def test_without_a_gloo_group_agreements_fall_back_to_the_gpu(tmp_path, monkeypatch, capsys):
