@@ -29,11 +29,6 @@ def _run(steps: int, ckpt: Path | None, *, callbacks=(), every=None):
     return model, log.losses
 
 
-def _same_params(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
 @pytest.fixture(scope="module")
 def straight():
     """The uncut reference run."""
@@ -47,7 +42,7 @@ def test_stop_and_resume_is_bit_identical(tmp_path, straight, cut):
     model, second = _run(N_STEPS, tmp_path)
     assert sorted(second) == list(range(cut + 1, N_STEPS + 1))
     assert {**first, **second} == ref_losses
-    assert _same_params(model, ref_model)
+    assert tiny.same_params(model, ref_model)
 
 
 class _ForgetRng(Callback):
@@ -66,7 +61,7 @@ def test_negative_control_catches_a_sloppy_resume(tmp_path, straight, forget):
     _, first = _run(5, tmp_path)
     model, second = _run(N_STEPS, tmp_path, callbacks=[forget()])
     assert {**first, **second} != ref_losses
-    assert not _same_params(model, ref_model)
+    assert not tiny.same_params(model, ref_model)
 
 
 def _augmented_run(steps: int, ckpt: Path | None, workers: int):
@@ -87,7 +82,7 @@ def test_random_augmentation_resumes_exactly_with_or_without_workers(tmp_path, w
     _, first = _augmented_run(5, tmp_path, workers)
     model, second = _augmented_run(N_STEPS, tmp_path, workers)
     assert {**first, **second} == ref_losses
-    assert _same_params(model, ref_model)
+    assert tiny.same_params(model, ref_model)
 
 
 def _fp16_run(steps: int, ckpt: Path | None):
@@ -114,7 +109,7 @@ def test_fp16_loss_scaling_survives_a_resume(tmp_path):
     _, first, _ = _fp16_run(5, tmp_path)
     model, second, scale = _fp16_run(N_STEPS, tmp_path)
     assert {**first, **second} == ref_losses and scale == ref_scale
-    assert _same_params(model, ref_model)
+    assert tiny.same_params(model, ref_model)
 
 
 def _script(*args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:

@@ -190,11 +190,6 @@ def _defaults_run(steps: int, ckpt, callbacks=()):
     return trainer, model, log.losses
 
 
-def _same_params(a: nn.Module, b: nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
 def test_a_resume_on_the_gpu_is_bit_identical(tmp_path):
     """With the CUDA defaults (compile, bf16 autocast, fused AdamW), dropout and
     accumulation, a run cut at step 3 and resumed equals the uncut run bit for bit;
@@ -205,10 +200,10 @@ def test_a_resume_on_the_gpu_is_bit_identical(tmp_path):
     _, resumed, second = _defaults_run(8, tmp_path / "exact")
     assert sorted(second) == list(range(4, 9))
     assert {**first, **second} == reference_losses
-    assert _same_params(resumed, reference)
+    assert tiny.same_params(resumed, reference)
     _defaults_run(3, tmp_path / "sloppy")
     _, sloppy, _ = _defaults_run(8, tmp_path / "sloppy", [_ReseedCuda()])
-    assert not _same_params(sloppy, reference)
+    assert not tiny.same_params(sloppy, reference)
 
 
 def test_without_a_gloo_group_agreements_fall_back_to_the_gpu(tmp_path, monkeypatch, capsys):

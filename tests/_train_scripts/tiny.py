@@ -156,6 +156,12 @@ def read_losses(path: str | Path) -> dict[int, float]:
     return out
 
 
+def same_params(a: nn.Module, b: nn.Module) -> bool:
+    """Bit-identical parameters and buffers."""
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def config(**overrides) -> TrainConfig:
     base = dict(
         max_steps=20,
