@@ -51,25 +51,25 @@ class StepClock(Callback):
         self.marks = set(marks)
         self.times: dict[int, float] = {}
 
-    def on_step_end(self, trainer, step, loss) -> None:
+    def read(self, step: int, device: torch.device) -> None:
+        """Called after each step (by a loop written by hand)."""
         if step in self.marks:
-            _sync(trainer.device)
+            _sync(device)
             self.times[step] = time.perf_counter()
 
+    def on_step_end(self, trainer, step, loss) -> None:
+        self.read(step, trainer.device)
+
     def window_step_s(self) -> list[float]:
-        return window_step_s(self.times)
+        """Seconds per step in each window between consecutive readings."""
+        steps = sorted(self.times)
+        return [(self.times[b] - self.times[a]) / (b - a) for a, b in itertools.pairwise(steps)]
 
 
 def timing_marks(steps: int, warmup: int, window: int) -> list[int]:
     """Steps after which the clock is read: the end of warm-up, every `window` steps
     after it, and the last step."""
     return sorted({*range(warmup, steps, window), steps})
-
-
-def window_step_s(times: dict[int, float]) -> list[float]:
-    """Seconds per step in each window between consecutive clock readings."""
-    steps = sorted(times)
-    return [(times[b] - times[a]) / (b - a) for a, b in itertools.pairwise(steps)]
 
 
 # ----------------------------------------------------------------------------- CPU
@@ -106,7 +106,8 @@ def plain_cpu(steps: int, warmup: int, batch: int, hidden: int) -> float:
         generator=torch.Generator().manual_seed(0),
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    done, t0 = 0, 0.0
+    clock, cpu = StepClock([warmup, steps]), torch.device("cpu")
+    done = 0
     while done < steps:
         for x, y in loader:
             loss = F.cross_entropy(model(x), y)
@@ -114,11 +115,10 @@ def plain_cpu(steps: int, warmup: int, batch: int, hidden: int) -> float:
             opt.step()
             opt.zero_grad(set_to_none=True)
             done += 1
-            if done == warmup:
-                t0 = time.perf_counter()
+            clock.read(done, cpu)
             if done == steps:
                 break
-    return (time.perf_counter() - t0) / (steps - warmup)
+    return clock.window_step_s()[0]
 
 
 def trainer_cpu(steps: int, warmup: int, batch: int, home: Path, hidden: int) -> float:
@@ -163,15 +163,6 @@ def cpu_overhead(steps: int, repeats: int, hidden: int, batch: int = 64) -> dict
 # ---------------------------------------------------------------------------- CUDA
 
 
-def _cycle(batch) -> Any:
-    class Repeat:
-        def __iter__(self):
-            while True:
-                yield batch
-
-    return Repeat()
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -190,7 +181,7 @@ def _hand_loop(
         if cuda:
             model.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=tuned and cuda)
-    times: dict[int, float] = {}
+    clock = StepClock(marks)
     for step in range(1, marks[-1] + 1):
         x, y = (t.to(device, non_blocking=True) for t in batch)
         if tuned and channels_last:
@@ -200,12 +191,10 @@ def _hand_loop(
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step in marks:
-            _sync(device)
-            times[step] = time.perf_counter()
+        clock.read(step, device)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    return window_step_s(times)
+    return clock.window_step_s()
 
 
 def _trainer_loop(model, loss_fn, batch, marks, home: Path, device, **config) -> list[float]:
@@ -220,7 +209,7 @@ def _trainer_loop(model, loss_fn, batch, marks, home: Path, device, **config) ->
         device=device.type,
         **config,
     )
-    Trainer(model, loss_fn, _cycle(batch), config=cfg, callbacks=[clock]).fit()
+    Trainer(model, loss_fn, itertools.repeat(batch), config=cfg, callbacks=[clock]).fit()
     return clock.window_step_s()
 
 

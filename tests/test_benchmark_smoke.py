@@ -1,5 +1,6 @@
-"""The GPU throughput comparison's code, run at tiny sizes on the CPU, so a session
-with a GPU spends its minutes measuring rather than finding a bug in the script."""
+"""The GPU benchmarks' code, run at tiny sizes on the CPU (the throughput comparison)
+or over recorded NVML readings (the sampler's cost), so a session with a GPU spends
+its minutes measuring rather than finding a bug in a script."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_throughput.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPT = BENCHMARKS / "train_throughput.py"
+NVML_RECORDING = Path(__file__).resolve().parent / "fixtures" / "nvml" / "h100_load.json"
 
 
 @pytest.mark.slow
@@ -33,3 +36,22 @@ def test_train_throughput_smoke_runs_all_three_loops_for_both_models(tmp_path):
         assert all(t > 0 for t in times.values())
         assert result["c_over_b"] == pytest.approx(times["b_hand_tuned"] / times["c_trainer"])
         assert result["c_trainer"]["mfu"] is None  # no catalog peak for a CPU: never a guess
+
+
+def test_sampler_overhead_names_the_cost_of_each_nvml_reading(tmp_path):
+    out = tmp_path / "overhead.json"
+    args = ["--duration-s", "0.3", "--interval-s", "0.1", "--recording", str(NVML_RECORDING)]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "sampler_overhead.py"), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    costs = json.loads(out.read_text())["nvml_ms_per_tick"]
+    # the per-tick readings, not the static ones read once at the first tick
+    assert {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetPcieThroughput"} <= set(costs)
+    assert "nvmlDeviceGetName" not in costs
+    cpu_ms = [cost["cpu_ms"] for cost in costs.values()]
+    assert all(ms >= 0 for ms in cpu_ms) and cpu_ms == sorted(cpu_ms, reverse=True)
