@@ -142,7 +142,16 @@ def test_bundled_catalog_loads_with_every_kind():
     assert catalog.regions and catalog.grid and catalog.pue and catalog.exchange_rates
     assert {g.name for g in catalog.gpus} >= {o.gpu for o in catalog.offers}
     assert all(o.price_usd_per_hour >= 0 for o in catalog.offers)
-    assert KIND_NAMES == ("offers", "gpus", "regions", "grid_intensity", "pue", "exchange_rates")
+    assert KIND_NAMES == (
+        "offers",
+        "gpus",
+        "regions",
+        "grid_intensity",
+        "pue",
+        "exchange_rates",
+        "achievable",
+    )
+    assert catalog.rates
 
 
 # ---------------------------------------------------------------- overrides

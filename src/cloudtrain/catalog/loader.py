@@ -7,9 +7,9 @@ extend the catalog):
 2. every `*.csv` in `paths.user_catalog_dir()` (`$CLOUDTRAIN_HOME/catalog`), by file name;
 3. each `extra_paths` entry (`--catalog PATH`): a CSV file, or a directory of them.
 
-A file's kind (gpus, offers, regions, grid_intensity, pue, exchange_rates) is
-recognised from its header; keys are listed in `catalog/data/README.md` and compare
-case-insensitively. Offers in another currency are converted to USD with the merged
+A file's kind (gpus, offers, regions, grid_intensity, pue, exchange_rates,
+achievable) is recognised from its header; keys are listed in `catalog/data/README.md`
+and compare case-insensitively. Offers in another currency are converted to USD with the merged
 exchange rates; an offer's GPU may be given by any name or alias of a known GPU.
 """
 
@@ -25,9 +25,11 @@ from cloudtrain import paths
 from cloudtrain.catalog import cache
 from cloudtrain.catalog import csvdata as cd
 from cloudtrain.catalog.names import AliasClash, gpu_index, normalize_gpu_name
+from cloudtrain.catalog.rates import ACHIEVABLE_COLUMNS
 from cloudtrain.catalog.sources import catalog_sources, csv_files
 from cloudtrain.catalog.types import (
     INTERRUPTION_BANDS,
+    AchievableRate,
     Catalog,
     ExchangeRate,
     GPUSpec,
@@ -178,6 +180,13 @@ KINDS = (
         ("currency",),
         str.upper,
     ),
+    FileKind(
+        "achievable",
+        ACHIEVABLE_COLUMNS,
+        AchievableRate,
+        frozenset({"kernel", "compute_fraction", "bandwidth_fraction"}),
+        ("key", "kernel", "dtype", "layout"),
+    ),
 )
 KIND_NAMES = tuple(kind.name for kind in KINDS)
 _KIND = {kind.name: kind for kind in KINDS}
@@ -323,7 +332,8 @@ def build_catalog(tables: Iterable[cd.RawTable], kinds: Iterable[str] = KIND_NAM
         usd_per_unit = {"USD": 1.0, **{r.currency: r.usd_per_unit for r in catalog.exchange_rates}}
         offers = _merge_offers(by_kind["offers"], _OfferColumns(index, usd_per_unit))
         catalog.offers = list(offers.rows.values())
-    for name, attribute in (("regions", "regions"), ("grid_intensity", "grid"), ("pue", "pue")):
+    pairs = (("regions", "regions"), ("grid_intensity", "grid"), ("pue", "pue"))
+    for name, attribute in (*pairs, ("achievable", "rates")):
         if name in wanted:
             setattr(catalog, attribute, list(_merge(by_kind[name], _KIND[name]).rows.values()))
     return catalog

@@ -143,6 +143,30 @@ class ExchangeRate:
     as_of: str = ""
 
 
+@dataclass(frozen=True)
+class AchievableRate:
+    """One row of achievable.csv: a kernel kind's achievable shares of peak on some GPUs
+    (see cloudtrain.catalog.rates)."""
+
+    key: str
+    """A GPU name, a compute capability ('8.6'), an architecture ('hopper') or 'default'."""
+    kernel: str
+    dtype: str
+    layout: str
+    compute_fraction: float
+    """Achieved FLOP/s / dense peak for the dtype, for a large kernel of this kind."""
+    bandwidth_fraction: float
+    """Achieved bytes/s / memory bandwidth, for a large kernel of this kind."""
+    overhead_us: float
+    """Fixed GPU time of one launch (kernel 'host': CPU time of one eager op), microseconds."""
+    source: str = ""
+    as_of: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.key} {self.kernel} {self.dtype}/{self.layout} ({self.source}, {self.as_of})"
+
+
 @dataclass
 class Catalog:
     """Everything the catalog knows, bundled rows merged with the user's."""
@@ -153,6 +177,8 @@ class Catalog:
     grid: list[GridIntensity] = field(default_factory=list)
     pue: list[ProviderPUE] = field(default_factory=list)
     exchange_rates: list[ExchangeRate] = field(default_factory=list)
+    rates: list[AchievableRate] = field(default_factory=list)
+    """Achievable shares of peak per kernel kind (achievable.csv), for the roofline."""
 
     # Lookups (implemented in cloudtrain.catalog.lookup; indexes are built on first use).
 

@@ -56,6 +56,78 @@ def _workload(
     return (workload.replace(**changes) if changes else workload), table
 
 
+def _model_workload(model: str, changes: dict[str, Any], channels_last: bool) -> Workload:
+    """The workload of a traced model file; the flags give data amount and batch."""
+    from cloudtrain.cli.model_file import parse_model_spec, profile_from_file
+    from cloudtrain.plan import traced_workload
+
+    spec = parse_model_spec(model)
+    precision = changes.pop("precision", None) or "bf16"
+    profile, example_batch = profile_from_file(
+        spec, precision=precision, channels_last=channels_last
+    )
+    values = {k: v for k, v in changes.items() if v is not None}
+    global_batch = values.pop("global_batch", None) or values.get("micro_batch")
+    global_batch = global_batch or example_batch or 1
+    data = {key: values.pop(key, None) for key in ("tokens", "samples_per_epoch")}
+    epochs = values.pop("epochs", None) or 1.0
+    return traced_workload(profile, global_batch=global_batch, epochs=epochs, **data, **values)
+
+
+def profile_summary(profile: Any) -> dict[str, Any]:
+    """What `--json` shows of a traced model (not its op list)."""
+    return {
+        "name": profile.name,
+        "fingerprint": profile.fingerprint,
+        "precision": profile.precision,
+        "channels_last": profile.channels_last,
+        "parameters": profile.parameters,
+        "ops": len(profile.ops),
+        "traced_on": profile.traced_on,
+        "flops_per_sample": profile.flops_per_sample(),
+        "activation_bytes_per_sample": profile.activation_bytes.per_sample,
+        "notes": list(profile.notes),
+    }
+
+
+def _print_explanation(result: Plan) -> None:
+    """Where the chosen estimate's step time goes, by op class and by op."""
+    best = result.best
+    out = render.console()
+    if best is None or best.breakdown is None:
+        out.print("No breakdown: this workload is priced by FLOPs at an efficiency "
+                  "(trace the model with --model for one).")  # fmt: skip
+        return
+    data = best.breakdown
+    rows = [
+        [name, f"{entry['seconds'] * 1e3:,.2f}", f"{entry['share']:.0%}",
+         _calibration_for(name, data["calibration"])]
+        for name, entry in data["by_class"].items()
+    ]  # fmt: skip
+    title = (
+        f"Step of {best.micro_batch} x {best.accumulation_steps} samples on one {best.gpu}: "
+        f"{best.compute_s * 1e3:,.1f} ms compute"
+    )
+    out.print(render.table(title, ["op class", "ms", "share", "rate used"], rows,
+                           right_align=["ms", "share"]))  # fmt: skip
+    top = [
+        [op["op"], op["phase"], f"{op['count']:g}", f"{op['seconds'] * 1e3:,.2f}",
+         f"{op['share']:.0%}", op["bound"], op["shape"][:40]]
+        for op in data["top_ops"]
+    ]  # fmt: skip
+    out.print(render.table("Top ops (one micro-step)",
+                           ["op", "phase", "count", "ms", "share", "bound", "shapes"], top,
+                           right_align=["count", "ms", "share"]))  # fmt: skip
+    for note in data["notes"]:
+        out.print(f"Note: {note}.", highlight=False)
+
+
+def _calibration_for(op_class: str, calibration: dict[str, str]) -> str:
+    kinds = {"convolution": "conv"}.get(op_class, op_class)
+    used = [label for kind, label in calibration.items() if kind.startswith(kinds)]
+    return used[0].split(" (")[0] if used else "-"
+
+
 def _constraints(table: dict[str, Any], flags: dict[str, Any]) -> Constraints:
     """Flags over the workload file's [constraints] table."""
     values: dict[str, Any] = dict(table)
@@ -197,14 +269,36 @@ def plan_command(
     as_json: bool = typer.Option(False, "--json", help="Print the Plan as JSON."),
     currency: str = typer.Option(None, "--currency", help="USD (default) or CNY, ..."),
     catalog_paths: list[Path] = typer.Option(None, "--catalog", help=CATALOG_HELP),
+    model: str = typer.Option(
+        None, "--model", help="FILE.py:FUNC returning (model, batch[, loss_fn]): trace it."
+    ),
+    micro_batch: int = typer.Option(None, "--micro-batch", help="Fix the micro-batch per GPU."),
+    compile_: bool = typer.Option(None, "--compile/--no-compile", help="Under torch.compile."),
+    channels_last: bool = typer.Option(
+        False, "--channels-last", help="Trace with channels_last (NHWC) inputs and weights."
+    ),
+    fused_optimizer: bool = typer.Option(
+        None, "--fused-optimizer/--no-fused-optimizer", help="Fused (or foreach) optimizer."
+    ),
+    explain: bool = typer.Option(
+        False, "--explain", help="Show where the step time goes on the chosen GPU."
+    ),
 ) -> None:
     """Rank what to rent for a training job: time, cost, energy, CO2, spot risk."""
     changes = {
         "tokens": tokens, "samples_per_epoch": samples, "epochs": epochs,
         "global_batch": global_batch, "precision": precision, "optimizer": optimizer,
-        "sharding": sharding,
+        "sharding": sharding, "micro_batch": micro_batch, "compile": compile_,
+        "optimizer_impl": None if fused_optimizer is None else (
+            "fused" if fused_optimizer else "foreach"
+        ),
     }  # fmt: skip
-    workload, table = _workload(workload_file, preset_name, changes)
+    if model is not None:
+        if workload_file is not None or preset_name is not None:
+            raise UserError("give --model, a workload file or --preset: only one")
+        workload, table = _model_workload(model, changes, channels_last), {}
+    else:
+        workload, table = _workload(workload_file, preset_name, changes)
     flags = {
         "deadline_s": parse_duration_s(deadline) if deadline else None,
         "budget": budget, "currency": currency.upper() if currency else None,
@@ -232,10 +326,14 @@ def plan_command(
         raise InfeasiblePlanError(result.why_empty)
     if as_json:
         shown = render.to_jsonable(result.top(top))
+        if workload.profile is not None:
+            shown["workload"]["profile"] = profile_summary(workload.profile)
         best = result.best
         render.print_json({**shown, "run_command": run_hint(best) if best else None})
     else:
         _print_plan(result, top)
+        if explain:
+            _print_explanation(result)
 
 
 def tco_command(

@@ -16,6 +16,7 @@ from cloudtrain.plan.workload import (
     flops_per_token,
     hardware_flops_per_sample,
     model_flops_per_sample,
+    traced_workload,
     training_flops,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "plan",
     "preset",
     "tco",
+    "traced_workload",
     "training_flops",
     "workload_from_mapping",
 ]

@@ -16,7 +16,10 @@ matrix, which removes the 5·a·s/h term. With full recomputation only each laye
 is kept (2·s·h bytes per layer) plus one layer's activations while it is recomputed.
 fp32/tf32 doubles activations. Logits for the loss add 4·s·V bytes (fp32) when the
 vocabulary V is known. A model that is not a transformer gives its activations per
-sample; checkpointing is assumed to keep a quarter of them.
+sample; checkpointing is assumed to keep a quarter of them. A traced model
+(`Workload.profile`) uses the traced peak of live tensors per sample, at the traced
+precision, and adds the part that does not grow with the batch (autocast's 16-bit
+weight copies, workspaces) to the overhead.
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ def _layer_activation_bytes(workload: Workload) -> float:
 
 def activation_bytes_per_sample(workload: Workload, *, recompute: bool) -> float:
     """Activation memory of one sample on one GPU (see the module docstring)."""
+    if workload.profile is not None:
+        traced = max(0.0, workload.profile.activation_bytes.per_sample)
+        return traced * (CHECKPOINTED_ACTIVATION_SHARE if recompute else 1.0)
     scale = 1.0 if is_mixed(workload.precision) else 2.0
     if not workload.is_transformer:
         base = float(workload.activation_bytes_per_sample or 0.0)
@@ -92,6 +98,15 @@ def activation_bytes_per_sample(workload: Workload, *, recompute: bool) -> float
         body = layer * layers
     logits = 4.0 * float(workload.seq_len * workload.vocab_size) if workload.vocab_size else 0.0  # type: ignore[operator]
     return scale * body + logits
+
+
+def _traced_fixed_bytes(workload: Workload) -> float:
+    """What a traced step keeps live whatever the batch, and the frozen weights."""
+    profile = workload.profile
+    if profile is None:
+        return 0.0
+    frozen = profile.frozen_parameters * weight_bytes(workload.precision)
+    return max(0.0, profile.activation_bytes.fixed) + frozen
 
 
 def _fsdp_buffer_bytes(workload: Workload) -> float:
@@ -132,7 +147,7 @@ def memory_fit(
     """Memory per GPU running `workload` on `gpus` GPUs of `memory_gib` each."""
     shards = gpus if sharding == "fsdp" else 1
     states = workload.parameters * state_bytes_per_parameter(workload.precision, workload.optimizer)
-    overhead = FRAMEWORK_OVERHEAD_GIB * GIB
+    overhead = FRAMEWORK_OVERHEAD_GIB * GIB + _traced_fixed_bytes(workload)
     if sharding == "fsdp":
         overhead += _fsdp_buffer_bytes(workload)
     activations = activation_bytes_per_sample(workload, recompute=recompute)
@@ -175,13 +190,15 @@ class BatchSplit:
     """Effective global batch (>= the requested one; equal when it divides evenly)."""
 
 
-def split_batch(global_batch: int, gpus: int, max_micro_batch: int) -> BatchSplit | None:
+def split_batch(
+    global_batch: int, gpus: int, max_micro_batch: int, *, exact: bool = False
+) -> BatchSplit | None:
     """The fewest accumulation steps that reach `global_batch`, with the smallest
-    micro-batch for that; None when one sample does not fit or there are more GPUs
-    than samples in the batch."""
+    micro-batch for that (`exact`: micro-batch `max_micro_batch` itself); None when one
+    sample does not fit or there are more GPUs than samples in the batch."""
     if max_micro_batch < 1 or global_batch < gpus:
         return None
     per_gpu = math.ceil(global_batch / gpus)
     accumulation = math.ceil(per_gpu / max_micro_batch)
-    micro = math.ceil(per_gpu / accumulation)
+    micro = max_micro_batch if exact else math.ceil(per_gpu / accumulation)
     return BatchSplit(micro, accumulation, micro * accumulation * gpus)

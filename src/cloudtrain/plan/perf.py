@@ -34,11 +34,15 @@ its compute. `overlap_fraction` of it can hide under compute; the rest is expose
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cloudtrain.catalog.types import GPUSpec, Offer
 from cloudtrain.plan.assumptions import Assumptions
 from cloudtrain.plan.memory import weight_bytes
 from cloudtrain.plan.workload import Workload, hardware_flops_per_sample
+
+if TYPE_CHECKING:
+    from cloudtrain.plan.roofline import Roofline, StepBreakdown
 
 MATMUL_CEILING = {"ampere": 0.869, "hopper": 0.803, "blackwell": 0.776, "cdna3": 0.514}
 """Best measured dense matmul throughput / peak (stas00/ml-engineering, compute/accelerator
@@ -151,6 +155,8 @@ class StepTime:
     step_s: float
     bottleneck: str
     """'compute', 'communication' (exposed comm > 25% of the step) or 'input'."""
+    breakdown: StepBreakdown | None = None
+    """Where the compute time goes, for a traced model (None: FLOPs at an efficiency)."""
 
 
 def network_gbps(offer: Offer, assumptions: Assumptions) -> float:
@@ -167,13 +173,21 @@ def step_time(
     efficiency: float,
     assumptions: Assumptions,
     cpu_samples_per_s_per_vcpu: float | None,
+    roofline: Roofline | None = None,
 ) -> StepTime:
-    """Step time of `plan` = (sharding, recompute, micro_batch, accumulation_steps)."""
+    """Step time of `plan` = (sharding, recompute, micro_batch, accumulation_steps);
+    with a `roofline` (traced model) compute is priced op by op instead of by FLOPs at
+    `efficiency`."""
     sharding, recompute, micro, accumulation = plan
     gpus_per_node = offer.gpu_count
     gpus = gpus_per_node * nodes
-    flops = hardware_flops_per_sample(workload, recompute=recompute) * micro * accumulation
-    compute_s = flops / (peak_tflops * 1e12 * efficiency)
+    breakdown = None
+    if roofline is not None:
+        breakdown = roofline.step(gpu, micro, accumulation, recompute=recompute)
+        compute_s = breakdown.step_s
+    else:
+        flops = hardware_flops_per_sample(workload, recompute=recompute) * micro * accumulation
+        compute_s = flops / (peak_tflops * 1e12 * efficiency)
     comm_s, window_s = _communication(
         workload, gpu, offer, nodes, sharding, accumulation, assumptions
     )
@@ -192,7 +206,7 @@ def step_time(
         bottleneck = "communication"
     else:
         bottleneck = "compute"
-    return StepTime(compute_s, comm_s, exposed_s, input_s, step_s, bottleneck)
+    return StepTime(compute_s, comm_s, exposed_s, input_s, step_s, bottleneck, breakdown)
 
 
 def _communication(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.catalog.query import offer_price
 from cloudtrain.catalog.types import Catalog, GPUSpec, Offer
@@ -12,6 +12,7 @@ from cloudtrain.plan.cost import Timeline, energy_kwh
 from cloudtrain.plan.memory import BatchSplit, MemoryFit
 from cloudtrain.plan.perf import Efficiency, StepTime
 from cloudtrain.plan.result import Estimate
+from cloudtrain.plan.roofline import StepBreakdown
 
 if TYPE_CHECKING:
     from cloudtrain.plan.search import _Context
@@ -116,4 +117,34 @@ def price_estimate(
         co2e_kg=kwh * intensity / 1000.0,
         gco2e_per_kwh=intensity,
         pue=pue,
+        breakdown=breakdown_dict(step.breakdown) if step.breakdown is not None else None,
     )
+
+
+TOP_OPS_SHOWN = 8
+
+
+def breakdown_dict(breakdown: StepBreakdown) -> dict[str, Any]:
+    """The JSON-able form of a roofline step: time by op class, top ops, rates used."""
+    total = sum(breakdown.by_class_s.values()) or 1.0
+    by_class = {
+        name: {"seconds": seconds, "share": seconds / total}
+        for name, seconds in sorted(breakdown.by_class_s.items(), key=lambda kv: -kv[1])
+    }
+    top = [
+        {
+            "op": cost.op, "class": cost.op_class, "phase": cost.phase, "count": cost.count,
+            "seconds": cost.seconds, "share": cost.seconds / total, "bound": cost.bound,
+            "shape": cost.shape,
+        }
+        for cost in breakdown.top_ops[:TOP_OPS_SHOWN]
+    ]  # fmt: skip
+    return {
+        "by_class": by_class,
+        "top_ops": top,
+        "calibration": breakdown.rates_used,
+        "gpu_s": breakdown.gpu_s,
+        "host_s": breakdown.host_s,
+        "optimizer_s": breakdown.optimizer_s,
+        "notes": list(breakdown.notes),
+    }

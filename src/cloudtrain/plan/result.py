@@ -113,6 +113,10 @@ class Estimate:
     pue: float
     on_frontier: bool = False
     """On the cost-vs-time Pareto frontier (nothing else is both cheaper and faster)."""
+    breakdown: dict[str, Any] | None = None
+    """Traced models: where `compute_s` goes — 'by_class' (op class -> seconds and
+    share), 'top_ops', 'calibration' (rate row each kernel kind used), 'host_s',
+    'notes'. None when compute is FLOPs at an efficiency."""
 
     @property
     def label(self) -> str:

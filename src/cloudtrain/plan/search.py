@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from cloudtrain.catalog.rates import RateTable, rate_table
 from cloudtrain.catalog.types import Catalog, GPUSpec, Offer
 from cloudtrain.errors import UnknownNameError
 from cloudtrain.plan import perf
@@ -30,6 +31,7 @@ from cloudtrain.plan.memory import (
 )
 from cloudtrain.plan.pricing import Candidate, price_estimate, site_factors
 from cloudtrain.plan.result import Constraints, Estimate, Plan
+from cloudtrain.plan.roofline import Roofline, StepBreakdown, StepOptions
 from cloudtrain.plan.workload import Workload, model_flops_per_sample, steps_for
 
 STAGES = (
@@ -78,7 +80,10 @@ def plan(
     `why_empty` saying what to relax.
     """
     assumptions = assumptions or Assumptions()
-    context = _Context.build(workload, constraints, catalog, assumptions)
+    roofline = None
+    if workload.profile is not None and not efficiency_overrides:
+        roofline = _roofline(workload, catalog, measured_matmul)
+    context = _Context.build(workload, constraints, catalog, assumptions, roofline)
     efficiency = _efficiencies(workload, catalog, context, efficiency_overrides, measured_matmul)
     tally = Tally()
     estimates: list[Estimate] = []
@@ -122,6 +127,8 @@ class _Context:
     max_band_rate: float | None
     flops_per_sample: float
     ckpt_bytes: float
+    roofline: Roofline | None = None
+    """Prices a traced model's ops (None: FLOPs at an efficiency)."""
     memory_cache: dict = field(default_factory=dict)
     """(GPU name, GPU count) -> memory options, shared by offers of the same shape."""
 
@@ -132,6 +139,7 @@ class _Context:
         constraints: Constraints,
         catalog: Catalog,
         assumptions: Assumptions,
+        roofline: Roofline | None = None,
     ) -> _Context:
         gpus = {g.name: g for g in catalog.gpus}
         allowed = (
@@ -153,8 +161,38 @@ class _Context:
         return cls(
             workload, constraints, catalog, assumptions, gpus, allowed,
             constraints.currency.upper(), rate, budget, band_rate,
-            model_flops_per_sample(workload), checkpoint_bytes(workload),
+            model_flops_per_sample(workload), checkpoint_bytes(workload), roofline,
         )  # fmt: skip
+
+
+def _roofline(
+    workload: Workload,
+    catalog: Catalog,
+    measured_matmul: Mapping[str, Mapping[str, float]] | None,
+) -> Roofline:
+    """The roofline of a traced workload over the catalog's achievable rates, with the
+    matmul shares `cloudtrain bench` measured on a GPU type over the catalog's."""
+    rates: RateTable = rate_table(catalog.rates)
+    measured_rows = []
+    for name, fractions in (measured_matmul or {}).items():
+        gpu = catalog.gpu(name)
+        for dtype, share in fractions.items():
+            base = rates.lookup(gpu, "matmul", dtype)
+            measured = replace(base, key=gpu.name, dtype=dtype, layout="any")
+            measured_rows.append(
+                replace(measured, compute_fraction=min(1.0, share), source="cloudtrain bench")
+            )
+    if measured_rows:
+        rates = rates.with_rows(measured_rows)
+    options = StepOptions(
+        compile=workload.compile,
+        optimizer=workload.optimizer,
+        optimizer_impl=workload.optimizer_impl,
+        tf32_matmul=workload.tf32,
+        tf32_conv=workload.tf32,
+    )
+    assert workload.profile is not None
+    return Roofline(workload.profile, rates, options)
 
 
 def _check_names(kind: str, given: tuple[str, ...], known: set[str]) -> None:
@@ -320,7 +358,14 @@ def _best_layout(
     peak = gpu.peak_tflops(dtype) or 0.0
     best: Candidate | None = None
     for option in fitting:
-        split = split_batch(workload.global_batch, gpus, option.max_micro_batch)
+        largest = option.max_micro_batch
+        if workload.micro_batch is not None:
+            if workload.micro_batch > largest:
+                continue
+            largest = workload.micro_batch
+        split = split_batch(
+            workload.global_batch, gpus, largest, exact=workload.micro_batch is not None
+        )
         if split is None:
             continue
         layout = (
@@ -331,17 +376,24 @@ def _best_layout(
         )
         step = perf.step_time(
             workload, gpu, offer, nodes, layout, peak, efficiency.value, context.assumptions,
-            _cpu_rate(workload, context.assumptions),
+            _cpu_rate(workload, context.assumptions), context.roofline,
         )  # fmt: skip
+        used = efficiency
+        if step.breakdown is not None:
+            used = _roofline_efficiency(step.breakdown, peak)
         if best is None or _preference(step.step_s, option) < _preference(
             best.step.step_s, best.memory
         ):
-            best = Candidate(
-                offer, gpu, nodes, option, split, step, dtype, efficiency, requires, *site
-            )
+            best = Candidate(offer, gpu, nodes, option, split, step, dtype, used, requires, *site)
     if best is None:
         tally.drop("batch", count)
     return best
+
+
+def _roofline_efficiency(breakdown: StepBreakdown, peak_tflops: float) -> perf.Efficiency:
+    """FLOPs executed / (step seconds x peak): what the roofline's step time amounts to."""
+    value = breakdown.flops / (breakdown.step_s * peak_tflops * 1e12)
+    return perf.Efficiency(round(value, 4), "roofline over the traced ops")
 
 
 FSDP_PREFERENCE = 1.02

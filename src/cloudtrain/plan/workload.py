@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cloudtrain.errors import UnknownNameError, UserError
+from cloudtrain.plan.profile import ModelProfile
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lion", "adafactor", "adamw8bit")
+OPTIMIZER_IMPLS = ("foreach", "fused", "plain")
 SHARDINGS = ("ddp", "fsdp")
 DATA_KINDS = ("tokens", "images", "other")
 
@@ -31,7 +33,8 @@ DATA_KINDS = ("tokens", "images", "other")
 @dataclass(frozen=True)
 class Workload:
     """One training job. Transformers give `layers`, `hidden_size`, `heads` and `seq_len`;
-    other models give `forward_flops_per_sample` (and `activation_bytes_per_sample`).
+    other models give `forward_flops_per_sample` (and `activation_bytes_per_sample`);
+    a traced model gives its `profile` (FLOPs, bytes and activation memory per op).
 
     The amount of data is `tokens` (transformers), else `samples_per_epoch` x `epochs`.
     """
@@ -72,16 +75,32 @@ class Workload:
     """'tokens' (pre-tokenized text), 'images' (decoded and augmented on CPU) or 'other'."""
     source: str = ""
     """Where the shape and size come from (presets cite their paper)."""
+    profile: ModelProfile | None = field(default=None, repr=False, compare=False)
+    """The traced training step (`cloudtrain.profile_model`); when given, step time is a
+    roofline over its ops and activation memory is the traced peak."""
+    compile: bool = False
+    """Trained under `torch.compile` (fuses elementwise chains; see plan/roofline.py)."""
+    optimizer_impl: str = "foreach"
+    """'foreach' (PyTorch's default on GPUs), 'fused' or 'plain' (a for-loop)."""
+    micro_batch: int | None = None
+    """Samples per GPU per forward; None: the largest that fits."""
+    tf32: bool | None = None
+    """fp32 matmuls and convolutions in TF32 (True), in full fp32 (False), or as PyTorch
+    does by default for the precision (None: see plan/roofline.py)."""
 
     def __post_init__(self) -> None:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("data kind", self.data_kind, DATA_KINDS)
+        _check_choice("optimizer implementation", self.optimizer_impl, OPTIMIZER_IMPLS)
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise UserError(f"workload '{self.name}': micro_batch must be at least 1")
         if self.sharding is not None:
             _check_choice("sharding", self.sharding, SHARDINGS)
         if self.parameters <= 0 or self.global_batch < 1:
             raise UserError(f"workload '{self.name}': parameters and global_batch must be positive")
-        if not self.is_transformer and self.forward_flops_per_sample is None:
+        traced = self.profile is not None
+        if not self.is_transformer and self.forward_flops_per_sample is None and not traced:
             raise UserError(
                 f"workload '{self.name}': give layers, hidden_size, heads and seq_len "
                 "(transformer) or forward_flops_per_sample (other models)"
@@ -123,6 +142,8 @@ def _check_choice(kind: str, value: str, choices: tuple[str, ...]) -> None:
 
 def model_flops_per_sample(workload: Workload) -> float:
     """Training FLOPs of one sample without recomputation (what MFU counts)."""
+    if workload.profile is not None:
+        return workload.profile.flops_per_sample()
     if workload.is_transformer:
         return flops_per_token(workload) * float(workload.seq_len or 0)
     return 3.0 * float(workload.forward_flops_per_sample or 0.0)
@@ -153,3 +174,41 @@ def training_flops(workload: Workload) -> float:
 def steps_for(workload: Workload, effective_global_batch: int) -> int:
     """Optimizer steps to go through the data once at the given batch."""
     return max(1, math.ceil(workload.total_samples / effective_global_batch))
+
+
+def traced_workload(
+    profile: ModelProfile,
+    *,
+    global_batch: int,
+    tokens: float | None = None,
+    samples_per_epoch: float | None = None,
+    epochs: float = 1.0,
+    **changes: Any,
+) -> Workload:
+    """A workload for a traced model: its parameters, FLOPs and memory come from the
+    profile; `changes` sets the other Workload fields (optimizer, compile, ...)."""
+    if tokens is None and samples_per_epoch is None:
+        raise UserError(
+            f"model '{profile.name}': give the data amount (--tokens or --samples [--epochs])"
+        )
+    if tokens is not None and profile.tokens_per_sample is None:
+        raise UserError(
+            f"model '{profile.name}': --tokens needs token-id batches (B, T); give --samples"
+        )
+    kind = "tokens" if profile.tokens_per_sample else (
+        "images" if len(profile.sample_shape) == 3 else "other"
+    )  # fmt: skip
+    return Workload(
+        name=profile.name,
+        parameters=float(profile.parameters),
+        global_batch=global_batch,
+        seq_len=profile.tokens_per_sample,
+        tokens=tokens,
+        samples_per_epoch=samples_per_epoch,
+        epochs=epochs,
+        precision=profile.precision,
+        data_kind=kind,
+        profile=profile,
+        source=f"traced ({profile.traced_on}), fingerprint {profile.fingerprint}",
+        **changes,
+    )
