@@ -157,6 +157,45 @@ def _measured_matmul() -> dict[str, dict[str, float]]:
         return latest_matmul_fractions(store)
 
 
+def _measured_rates() -> list[Any]:
+    """Achievable-rate rows (AchievableRate) the latest bench per GPU type measured, for
+    the roofline of a traced model; none when there is no store."""
+    if not paths.store_path().exists():
+        return []
+    from cloudtrain.monitor.bench import latest_rates
+    from cloudtrain.store import RunStore
+
+    with RunStore.open() as store:
+        return latest_rates(store)
+
+
+def _measured_runs(workload: Workload, ref: str | None) -> list[Any]:
+    """Recorded runs of the traced model: the one named, or all in the store."""
+    from cloudtrain.plan.learned import measured_run, runs_in_store
+
+    profile = workload.profile
+    if profile is None or (ref is None and not paths.store_path().exists()):
+        return []
+    from cloudtrain.store import RunStore
+
+    with RunStore.open() as store:
+        if ref is None:
+            return runs_in_store(store, profile.fingerprint)
+        run = store.get_run(ref)
+        found = measured_run(run, store.steps(run.id))
+    if found is None:
+        raise UserError(
+            f"run {ref} has no model fingerprint, GPU or timed steps to learn from "
+            "(runs of cloudtrain's Trainer on a GPU record them)"
+        )
+    if found.fingerprint != profile.fingerprint:
+        raise UserError(
+            f"run {ref} trained another model or input shape (fingerprint "
+            f"{found.fingerprint}, --model has {profile.fingerprint})"
+        )
+    return [found]
+
+
 def _pricings(spot: bool | None, reserved: bool | None) -> tuple[str, ...] | None:
     """None when neither flag was given (the file's or the library's default applies)."""
     if spot is None and reserved is None:
@@ -283,6 +322,9 @@ def plan_command(
     explain: bool = typer.Option(
         False, "--explain", help="Show where the step time goes on the chosen GPU."
     ),
+    from_run: str = typer.Option(
+        None, "--from-run", help="Correct by this recorded run of the model (default: any)."
+    ),
 ) -> None:
     """Rank what to rent for a training job: time, cost, energy, CO2, spot risk."""
     changes = {
@@ -321,6 +363,7 @@ def plan_command(
     result = make_plan(
         workload, constraints, catalog,
         efficiency_overrides=overrides, measured_matmul=_measured_matmul(),
+        measured_rates=_measured_rates(),
     )  # fmt: skip
     if result.why_empty is not None:
         raise InfeasiblePlanError(result.why_empty)
@@ -402,28 +445,66 @@ def _num(value: float) -> str:
 
 
 def _bench_rows(result: Any) -> list[list[str]]:
+    def _share_cell(fraction: float | None) -> str:
+        return f"{fraction:.0%}" if fraction is not None else "-"
+
     rows: list[list[str]] = []
-    for dtype, by_size in result.matmul_tflops.items():
-        sizes = ", ".join(f"{n}: {_num(v)}" for n, v in by_size.items())
-        fraction = result.matmul_fraction.get(dtype)
-        share = f"{fraction:.0%}" if fraction is not None else "-"
+    for dtype, by_shape in result.matmul_tflops.items():
+        squares = ", ".join(f"{n}: {_num(v)}" for n, v in by_shape.items() if "x" not in n)
+        others = ", ".join(f"{n}: {_num(v)}" for n, v in by_shape.items() if "x" in n)
+        notes = "\n".join(
+            part for part in (squares and f"n = {squares}", others and f"MxKxN {others}") if part
+        )
         best = f"{_num(result.matmul_best_tflops[dtype])} TFLOP/s"
-        rows.append([f"matmul {dtype}", best, share, f"n = {sizes}"])
+        rows.append(
+            [f"matmul {dtype}", best, _share_cell(result.matmul_fraction.get(dtype)), notes]
+        )
     memory = result.memory_fraction
     rows.append(["device memory copy", f"{result.memory_gb_per_s:,.1f} GB/s",
-                 f"{memory:.0%}" if memory is not None else "-", "read + write"])  # fmt: skip
+                 _share_cell(memory), "read + write"])  # fmt: skip
+    shares, dtype = result.kernel_fraction, result.kernel_dtype
+    for layout, tflops in result.conv_tflops.items():
+        name = "channels_last" if layout == "nhwc" else "NCHW"
+        rows.append([f"conv 3x3 {name}", f"{_num(tflops)} TFLOP/s",
+                     _share_cell(shares.get(f"conv {layout}")),
+                     f"{result.conv_shape or '?'} {dtype}, fwd + bwd"])  # fmt: skip
+    kernels = (
+        ("depthwise conv 3x3", result.depthwise_gb_per_s, "conv_depthwise",
+         f"{result.depthwise_shape or '?'} {dtype}, fwd + bwd"),
+        ("elementwise x*y+z", result.elementwise_gb_per_s, "elementwise",
+         f"{dtype}, 3 reads + 1 write"),
+        ("layer norm", result.reduction_gb_per_s, "reduction", f"{dtype}, rows of 4096"),
+    )  # fmt: skip
+    for label, value, kind, notes in kernels:
+        if value is not None:
+            rows.append([label, f"{_num(value)} GB/s", _share_cell(shares.get(kind)), notes])
+    if result.launch_us is not None:
+        where = "GPU time, queued" if result.device == "cuda" else "eager, on the CPU"
+        rows.append(["launch latency", f"{result.launch_us:.3g} µs", "-",
+                     f"per tiny kernel ({where})"])  # fmt: skip
+    if result.host_op_us is not None:
+        rows.append(["host dispatch", f"{result.host_op_us:.3g} µs/op", "-",
+                     "CPU time of one eager op"])  # fmt: skip
     for direction in ("h2d", "d2h"):
         for kind in ("pinned", "pageable"):
             value = getattr(result, f"{direction}_{kind}_gb_per_s")
             if value is not None:
                 share = result.pcie_fraction if (direction, kind) == ("h2d", "pinned") else None
-                shown = f"{share:.0%}" if share is not None else "-"
-                rows.append([f"{direction} {kind}", f"{value:,.1f} GB/s", shown, "of PCIe x16"])
+                rows.append([f"{direction} {kind}", f"{value:,.1f} GB/s", _share_cell(share),
+                             "of PCIe x16"])  # fmt: skip
     cache = "page cache dropped" if result.disk_cache_dropped else "may be cached"
     rows.append(["disk read", f"{result.disk_read_gb_per_s:,.2f} GB/s", "-",
                  f"{result.disk_dir} ({cache})"])  # fmt: skip
     rows.append(["CPU image pipeline", f"{result.cpu_images_per_s_per_core:,.0f} /s/core", "-",
                  f"synthetic stand-in, {result.cpu_cores} cores"])  # fmt: skip
+    for rate in result.rates:
+        label = f"rate {rate['kernel']} {rate['dtype']}/{rate['layout']}"
+        if rate["kernel"] == "host":
+            value, notes = f"{rate['overhead_us']:.3g} µs/op", "for plans: host time per op"
+        else:
+            value = f"{rate['compute_fraction']:.0%} / {rate['bandwidth_fraction']:.0%}"
+            notes = f"for plans: compute / bw, +{rate['overhead_us']:.3g} µs"
+        rows.append([label, value, "-", notes])
     return rows
 
 
@@ -434,7 +515,8 @@ def bench_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     catalog_paths: list[Path] = typer.Option(None, "--catalog", help=CATALOG_HELP),
 ) -> None:
-    """Measure this machine: matmul per dtype, memory, PCIe, disk, CPU; % of the spec."""
+    """Measure this machine: matmul, conv, memory-bound kernels, launch latency, memory,
+    PCIe, disk, CPU; % of the spec; achievable rates for later plans on this GPU."""
     from rich.progress import Progress
 
     from cloudtrain.monitor.bench import run_bench, save_bench
@@ -468,6 +550,12 @@ def bench_command(
         out.print(f"[yellow]! {anomaly}[/yellow]")
     saved = f"; saved as run {run_id}" if run_id else ""
     out.print(f"{result.seconds:.1f} s{saved}.", highlight=False)
+    if run_id and result.rates:
+        out.print(
+            f"{len(result.rates)} achievable rates saved for {result.gpu}: `cloudtrain plan "
+            "--model` prices traced ops on it with them.",
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from cloudtrain.catalog.rates import RateTable
 from cloudtrain.catalog.types import AchievableRate, GPUSpec
+from cloudtrain.plan.learned import Correction
 from cloudtrain.plan.profile import ModelProfile, OpRecord
 
 OPTIMIZER_IMPLS = ("fused", "foreach", "plain")
@@ -120,7 +121,7 @@ class StepBreakdown:
     """Host dispatch time of the same (eager mode)."""
     optimizer_s: float
     by_class_s: dict[str, float]
-    """GPU seconds per op class (the optimizer as 'optimizer'); sums to gpu_s + optimizer_s."""
+    """GPU seconds per op class (the optimizer as 'optimizer'; times the correction)."""
     top_ops: list[OpCost]
     """The most expensive ops (one micro-step), most expensive first."""
     rates_used: dict[str, str]
@@ -174,10 +175,18 @@ def _peak_flops(gpu: GPUSpec, dtype: str) -> float:
 class Roofline:
     """Prices a profile's ops on one GPU (cached per GPU, batch and options)."""
 
-    def __init__(self, profile: ModelProfile, rates: RateTable, options: StepOptions) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        rates: RateTable,
+        options: StepOptions,
+        correction: Correction | None = None,
+    ) -> None:
         self.profile = profile
         self.rates = rates
         self.options = options
+        self.correction = correction
+        """Measured / predicted from real runs of this model (plan/learned.py)."""
         self._cache: dict[tuple, tuple[float, float, float, dict[str, float], list[OpCost]]] = {}
 
     def _rate(self, gpu: GPUSpec, op: OpRecord, kernel: str) -> tuple[str, AchievableRate]:
@@ -265,9 +274,10 @@ class Roofline:
         )
         opt_gpu_s, opt_host_s = self.optimizer_step(gpu)
         opt_s = max(opt_gpu_s, opt_host_s)
-        step_s = accumulation * max(gpu_s, host_s) + opt_s
-        classes = {name: seconds * accumulation for name, seconds in by_class.items()}
-        classes["optimizer"] = classes.get("optimizer", 0.0) + opt_gpu_s
+        factor = self.correction.factor if self.correction is not None else 1.0
+        step_s = (accumulation * max(gpu_s, host_s) + opt_s) * factor
+        classes = {name: seconds * accumulation * factor for name, seconds in by_class.items()}
+        classes["optimizer"] = classes.get("optimizer", 0.0) + opt_gpu_s * factor
         top = sorted(costs, key=lambda c: c.seconds, reverse=True)[:10]
         notes = []
         if host_s > gpu_s:
@@ -276,6 +286,8 @@ class Roofline:
                 f"micro-step, the GPU {gpu_s * 1e3:.3g} ms (torch.compile or a larger "
                 "micro-batch helps)"
             )
+        if self.correction is not None:
+            notes.append(f"corrected {self.correction.label}")
         return StepBreakdown(
             step_s=step_s,
             gpu_s=gpu_s * accumulation,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cloudtrain.catalog.rates import RateTable, rate_table
-from cloudtrain.catalog.types import Catalog, GPUSpec, Offer
+from cloudtrain.catalog.types import AchievableRate, Catalog, GPUSpec, Offer
 from cloudtrain.errors import UnknownNameError
 from cloudtrain.plan import perf
 from cloudtrain.plan.assumptions import Assumptions
@@ -22,6 +22,7 @@ from cloudtrain.plan.explain import (
     pareto_frontier,
     rank_key,
 )
+from cloudtrain.plan.learned import Correction, MeasuredRun, combine
 from cloudtrain.plan.memory import (
     USABLE_MEMORY_FRACTION,
     MemoryFit,
@@ -31,7 +32,7 @@ from cloudtrain.plan.memory import (
 )
 from cloudtrain.plan.pricing import Candidate, price_estimate, site_factors
 from cloudtrain.plan.result import Constraints, Estimate, Plan
-from cloudtrain.plan.roofline import Roofline, StepBreakdown, StepOptions
+from cloudtrain.plan.roofline import OPTIMIZER_PASSES, Roofline, StepBreakdown, StepOptions
 from cloudtrain.plan.workload import Workload, model_flops_per_sample, steps_for
 
 STAGES = (
@@ -70,19 +71,25 @@ def plan(
     *,
     efficiency_overrides: Mapping[str, float] | None = None,
     measured_matmul: Mapping[str, Mapping[str, float]] | None = None,
+    measured_rates: Sequence[AchievableRate] = (),
+    measured_runs: Sequence[MeasuredRun] = (),
     assumptions: Assumptions | None = None,
 ) -> Plan:
     """Rank every candidate for `workload` under `constraints`.
 
     `efficiency_overrides` maps GPU names (or '*') to an end-to-end efficiency;
     `measured_matmul` maps GPU names to {dtype: achieved/peak matmul fraction} from
-    `cloudtrain bench`. An impossible request returns a Plan with no estimates and
+    `cloudtrain bench`; `measured_rates` are achievable-rate rows it measured (they win
+    over the catalog's for the roofline of a traced workload); `measured_runs` are
+    recorded runs of the traced model, whose measured step time corrects the roofline
+    (plan/learned.py). An impossible request returns a Plan with no estimates and
     `why_empty` saying what to relax.
     """
     assumptions = assumptions or Assumptions()
     roofline = None
     if workload.profile is not None and not efficiency_overrides:
-        roofline = _roofline(workload, catalog, measured_matmul)
+        roofline = _roofline(workload, catalog, measured_matmul, measured_rates)
+        roofline.correction = _correction(roofline, catalog, measured_runs)
     context = _Context.build(workload, constraints, catalog, assumptions, roofline)
     efficiency = _efficiencies(workload, catalog, context, efficiency_overrides, measured_matmul)
     tally = Tally()
@@ -169,6 +176,7 @@ def _roofline(
     workload: Workload,
     catalog: Catalog,
     measured_matmul: Mapping[str, Mapping[str, float]] | None,
+    measured_rates: Sequence[AchievableRate],
 ) -> Roofline:
     """The roofline of a traced workload over the catalog's achievable rates, with the
     matmul shares `cloudtrain bench` measured on a GPU type over the catalog's."""
@@ -182,8 +190,8 @@ def _roofline(
             measured_rows.append(
                 replace(measured, compute_fraction=min(1.0, share), source="cloudtrain bench")
             )
-    if measured_rows:
-        rates = rates.with_rows(measured_rows)
+    if measured_rows or measured_rates:
+        rates = rates.with_rows([*measured_rows, *measured_rates])
     options = StepOptions(
         compile=workload.compile,
         optimizer=workload.optimizer,
@@ -193,6 +201,29 @@ def _roofline(
     )
     assert workload.profile is not None
     return Roofline(workload.profile, rates, options)
+
+
+def _correction(
+    roofline: Roofline, catalog: Catalog, runs: Sequence[MeasuredRun]
+) -> Correction | None:
+    """Measured / predicted over the runs of this very model on catalog GPUs."""
+    triples = []
+    for run in runs:
+        if run.fingerprint != roofline.profile.fingerprint:
+            continue
+        gpu = catalog.resolve_gpu(run.gpu) or next(
+            (g for g in catalog.gpus if g.name == run.gpu), None
+        )
+        if gpu is None:
+            continue
+        options = replace(
+            roofline.options, compile=run.compile, optimizer_impl=run.optimizer_impl,
+            optimizer=run.optimizer if run.optimizer in OPTIMIZER_PASSES else "adamw",
+        )  # fmt: skip
+        as_run = Roofline(roofline.profile, roofline.rates, options)
+        predicted = as_run.step(gpu, run.micro_batch, run.accumulation_steps).step_s
+        triples.append((run, run.step_s, predicted))
+    return combine(triples)
 
 
 def _check_names(kind: str, given: tuple[str, ...], known: set[str]) -> None:
@@ -393,7 +424,10 @@ def _best_layout(
 def _roofline_efficiency(breakdown: StepBreakdown, peak_tflops: float) -> perf.Efficiency:
     """FLOPs executed / (step seconds x peak): what the roofline's step time amounts to."""
     value = breakdown.flops / (breakdown.step_s * peak_tflops * 1e12)
-    return perf.Efficiency(round(value, 4), "roofline over the traced ops")
+    source = "roofline over the traced ops"
+    if any(note.startswith("corrected") for note in breakdown.notes):
+        source += ", " + next(n for n in breakdown.notes if n.startswith("corrected"))
+    return perf.Efficiency(round(value, 4), source)
 
 
 FSDP_PREFERENCE = 1.02
@@ -466,6 +500,11 @@ def _assumptions_used(
     used["spot_hazard"] = (
         f"-ln(1 - monthly band mid-point) / {HOURS_PER_MONTH:.0f} h per node; "
         f"unknown band: {context.assumptions.unknown_band_monthly_rate:.3f}/month"
+    )
+    used["step_model"] = "roofline" if context.roofline is not None else "efficiency"
+    correction = context.roofline.correction if context.roofline is not None else None
+    used["learned_from"] = (
+        {"factor": correction.factor, "runs": list(correction.runs)} if correction else None
     )
     used["checkpoint_bytes"] = context.ckpt_bytes
     used["flops_per_sample"] = context.flops_per_sample

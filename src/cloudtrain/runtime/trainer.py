@@ -38,6 +38,7 @@ from cloudtrain.runtime.checkpoint import (
 )
 from cloudtrain.runtime.config import CHECKPOINT_DIR_ENV, TrainConfig
 from cloudtrain.runtime.data import DataPosition, make_source
+from cloudtrain.runtime.planner_facts import planner_facts
 from cloudtrain.runtime.precision import (
     apply_tf32,
     autocast,
@@ -161,6 +162,10 @@ class Trainer(CheckpointingMixin, TelemetryMixin):
         if loaded is not None and self.parallelism == "fsdp" and loaded.sharded_path is None:
             self._fsdp_load_model(loaded.state["model"])  # a gathered (older) checkpoint
         self._build_optimizer(loaded)
+        self.planner_facts = planner_facts(
+            self.model, self._peek_batch(), self.precision.name, self.precision.tf32,
+            self.channels_last, self.optimizer,
+        )  # fmt: skip
         return loaded
 
     def _prepare_model(self) -> None:

@@ -106,6 +106,7 @@ class TelemetryMixin:
             "world_size": self.env.world_size,
             "device_name": device_name(self.device),
             "gpu_name": self.peak.gpu_name,
+            **self.planner_facts,
             "requested": changed,
         }
 
