@@ -54,8 +54,7 @@ PARAMETERS = {
     ("optimizer", "any", "any"): ("bandwidth_fraction", "overhead_us"),
     ("host", "any", "any"): ("overhead_us",),
 }
-STEPS = (0.6, 0.8, 0.9, 1.1, 1.25, 1.6)
-SWEEPS = 6
+STEPS = (0.7, 0.85, 1.2, 1.4)
 
 
 def start_rows(table: RateTable, key: str, gpu) -> dict[tuple, AchievableRate]:
@@ -90,9 +89,9 @@ class Fit:
     def loss(self, rows) -> float:
         return statistics.fmean(abs(e) for e in self.errors(rows))
 
-    def run(self, rows: dict[tuple, AchievableRate]) -> dict[tuple, AchievableRate]:
+    def run(self, rows: dict[tuple, AchievableRate], sweeps: int) -> dict[tuple, AchievableRate]:
         best = self.loss(rows)
-        for sweep in range(SWEEPS):
+        for sweep in range(sweeps):
             for name, fields in PARAMETERS.items():
                 for field in fields:
                     for step in STEPS:
@@ -119,6 +118,7 @@ def main() -> None:
     parser.add_argument("--gpu", action="append", help="fit these GPUs' cases (default: all)")
     parser.add_argument("--holdout", action="store_true", help="fit on half the models")
     parser.add_argument("--write", action="store_true", help="print the fitted CSV rows")
+    parser.add_argument("--sweeps", type=int, default=3, help="coordinate-descent sweeps")
     args = parser.parse_args()
     catalog = load_catalog(include_user=False)
     base = rate_table(catalog.rates)
@@ -132,15 +132,25 @@ def main() -> None:
         train = [c for c in cases if c.model in seen]
         test = [c for c in cases if c.model not in seen]
         fit = Fit(train, profiles, gpu, base)
-        rows = fit.run(start_rows(base, KEYS[gpu.name], gpu))
+        rows = fit.run(start_rows(base, KEYS[gpu.name], gpu), args.sweeps)
         results[gpu.name] = {"fitted": describe(fit.errors(rows))}
         if test:
             results[gpu.name]["held_out"] = describe(fit.errors(rows, test))
         print(gpu.name, results[gpu.name])
         if args.write:
             for r in rows.values():
-                print(f"{r.key},{r.kernel},{r.dtype},{r.layout},{r.compute_fraction:.4g},"
-                      f"{r.bandwidth_fraction:.4g},{r.overhead_us:.4g},{r.source},{r.as_of}")  # fmt: skip
+                cells = (
+                    r.key,
+                    r.kernel,
+                    r.dtype,
+                    r.layout,
+                    f"{r.compute_fraction:.4g}",
+                    f"{r.bandwidth_fraction:.4g}",
+                    f"{r.overhead_us:.4g}",
+                    r.source,
+                    r.as_of,
+                )
+                print(",".join(cells))
     write_result("fit_rates", {"holdout": args.holdout, "results": results})
 
 

@@ -104,12 +104,12 @@ def throughput_cases() -> list[Case]:
     source = "H200 train_throughput"
     gpt = {"source": source, "model": "examples-gpt", "gpu": "H200", "batch": 16}
     return [
-        Case(label="examples/gpt.py fp32 (TF32 off)", measured_step_s=0.29858,
-             precision="fp32", tf32=False, **gpt),
+        Case(label="examples/gpt.py fp32 (PyTorch defaults)", measured_step_s=0.29858,
+             precision="fp32", **gpt),
         Case(label="examples/gpt.py bf16 TF32 fused compile", measured_step_s=0.04069,
              precision="bf16", optimizer_impl="fused", compile=True, **gpt),
-        Case(label="ResNet-50 fp32 (TF32 off)", source=source, model="resnet50", gpu="H200",
-             batch=256, measured_step_s=256 / 2074.0, precision="fp32", tf32=False,
+        Case(label="ResNet-50 fp32 (PyTorch defaults)", source=source, model="resnet50",
+             gpu="H200", batch=256, measured_step_s=256 / 2074.0, precision="fp32",
              optimizer="adamw"),
         Case(label="ResNet-50 bf16 channels_last fused compile", source=source,
              model="resnet50", gpu="H200", batch=256, measured_step_s=256 / 6310.0,
@@ -131,8 +131,8 @@ def build_model(case: Case) -> tuple[Any, Any, Any]:
 
         with torch.device("meta"):
             model = GPT(GPTConfig(50304, 1024, 12, 12, 768))
-        tokens = torch.randint(0, 50304, (2, 1025), device="meta")
-        return model, tokens, gpt_loss
+        tokens = torch.randint(0, 50304, (2, 1024), device="meta")
+        return model, (tokens, tokens), gpt_loss
     import zoo
 
     spec = zoo.MODELS[case.model]

@@ -85,11 +85,12 @@ DEVICE_STRINGS = [
     ("NVIDIA A30", "A30"),
     ("NVIDIA RTX A6000", "RTX-A6000"),
     ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+    ("NVIDIA GeForce RTX 3090", "RTX-3090"),
     ("AMD Instinct MI300X", "MI300X"),
     ("AMD Instinct MI250X", "MI250X"),
 ]
 UNKNOWN_DEVICES = [
-    "NVIDIA GeForce RTX 3090",
+    "NVIDIA GeForce RTX 3080",
     "NVIDIA H800",
     "NVIDIA H20",
     "NVIDIA GH200 480GB",

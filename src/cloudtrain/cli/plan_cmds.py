@@ -115,7 +115,7 @@ def _print_explanation(result: Plan) -> None:
          f"{op['share']:.0%}", op["bound"], op["shape"][:40]]
         for op in data["top_ops"]
     ]  # fmt: skip
-    out.print(render.table("Top ops (one micro-step)",
+    out.print(render.table("Top ops (all micro-steps)",
                            ["op", "phase", "count", "ms", "share", "bound", "shapes"], top,
                            right_align=["count", "ms", "share"]))  # fmt: skip
     for note in data["notes"]:

@@ -38,7 +38,7 @@ parameter tensor, foreach per chunk of FOREACH_CHUNK tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cloudtrain.catalog.rates import RateTable
 from cloudtrain.catalog.types import AchievableRate, GPUSpec
@@ -123,7 +123,7 @@ class StepBreakdown:
     by_class_s: dict[str, float]
     """GPU seconds per op class (the optimizer as 'optimizer'; times the correction)."""
     top_ops: list[OpCost]
-    """The most expensive ops (one micro-step), most expensive first."""
+    """The most expensive ops over the whole step, most expensive first."""
     rates_used: dict[str, str]
     """Kernel kind -> the rate row it used."""
     flops: float
@@ -188,6 +188,8 @@ class Roofline:
         self.correction = correction
         """Measured / predicted from real runs of this model (plan/learned.py)."""
         self._cache: dict[tuple, tuple[float, float, float, dict[str, float], list[OpCost]]] = {}
+        self._steps: dict[tuple, StepBreakdown] = {}
+        self._rates_used: dict[str, dict[str, str]] = {}
 
     def _rate(self, gpu: GPUSpec, op: OpRecord, kernel: str) -> tuple[str, AchievableRate]:
         dtype = rate_dtype(op, kernel, self.profile.precision, self.options)
@@ -269,6 +271,15 @@ class Roofline:
         self, gpu: GPUSpec, micro_batch: int, accumulation: int = 1, *, recompute: bool = False
     ) -> StepBreakdown:
         """One optimizer step of `accumulation` micro-batches of `micro_batch` on one GPU."""
+        key = (gpu.name, micro_batch, accumulation, recompute, id(self.correction))
+        found = self._steps.get(key)
+        if found is None:
+            found = self._steps[key] = self._step(gpu, micro_batch, accumulation, recompute)
+        return found
+
+    def _step(
+        self, gpu: GPUSpec, micro_batch: int, accumulation: int, recompute: bool
+    ) -> StepBreakdown:
         gpu_s, host_s, flops, by_class, costs = self.micro_step(
             gpu, micro_batch, recompute=recompute
         )
@@ -278,7 +289,11 @@ class Roofline:
         step_s = (accumulation * max(gpu_s, host_s) + opt_s) * factor
         classes = {name: seconds * accumulation * factor for name, seconds in by_class.items()}
         classes["optimizer"] = classes.get("optimizer", 0.0) + opt_gpu_s * factor
-        top = sorted(costs, key=lambda c: c.seconds, reverse=True)[:10]
+        scale = accumulation * factor
+        top = [
+            replace(c, seconds=c.seconds * scale, count=c.count * accumulation)
+            for c in sorted(costs, key=lambda c: c.seconds, reverse=True)[:10]
+        ]
         notes = []
         if host_s > gpu_s:
             notes.append(
@@ -301,6 +316,12 @@ class Roofline:
         )
 
     def rates_used(self, gpu: GPUSpec) -> dict[str, str]:
+        """Kernel kind and dtype -> the label of the rate row it uses on `gpu`."""
+        if gpu.name not in self._rates_used:
+            self._rates_used[gpu.name] = self._find_rates_used(gpu)
+        return self._rates_used[gpu.name]
+
+    def _find_rates_used(self, gpu: GPUSpec) -> dict[str, str]:
         used: dict[str, str] = {}
         for op in self.profile.ops:
             kernel = kernel_of(op)

@@ -141,7 +141,7 @@ def profile_model(
     if cache:
         cached = _load_cached(key)
         if cached is not None:
-            extra = {**cached.extra, **extra_now, "traced": False}
+            extra = {**cached.extra, **extra_now, "traced": False}  # the call's optimizer
             return replace(cached, name=display, extra=extra)
 
     global TRACE_COUNT
@@ -175,7 +175,7 @@ def profile_model(
         )
     TRACE_COUNT += 1
     records, activation, batches, recorders, notes = result
-    unknown = {name: n for rec in recorders for name, n in rec.unknown.items()}
+    unknown = {op: n for rec in recorders for op, n in rec.unknown.items()}
     if unknown:
         notes.append(f"{len(unknown)} ops without a rule: {', '.join(sorted(unknown))}")
     errors = {op: why for rec in recorders for op, why in rec.formula_errors.items()}
@@ -212,8 +212,9 @@ def profile_model(
         version=PROFILE_VERSION,
         extra=extra,
     )
-    if cache:
-        _store_cached(key, profile)
+    if cache:  # without the optimizer: it belongs to the call, not to the model
+        stored = {k: v for k, v in extra.items() if k != "optimizer"}
+        _store_cached(key, replace(profile, extra=stored))
     return profile
 
 
