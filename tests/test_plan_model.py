@@ -129,3 +129,34 @@ def test_data_amount_is_required_for_a_model(run_cli, model_file):
     result = run_cli("plan", "--model", f"{model_file}:mlp")
     assert result.code == 2
     assert "--samples" in result.stderr
+
+
+def test_a_recorded_run_of_the_same_model_corrects_the_plan(run_cli, model_file):
+    from cloudtrain.store import RunStore
+    from cloudtrain.store.records import StepRecord
+
+    common = ("--model", f"{model_file}:mlp", "--samples", "1e6", "--global-batch", "64",
+              "--micro-batch", "64", "--gpu", "H100-SXM", "--max-nodes", "1",
+              "--no-spot", "--no-reserved")  # fmt: skip
+    before = plan_json(run_cli, *common)
+    fingerprint = before["workload"]["profile"]["fingerprint"]
+    predicted_s = before["estimates"][0]["compute_s"]
+    config = {"model_fingerprint": fingerprint, "planner_precision": "bf16",
+              "micro_batch_size": 64, "global_batch_size": 64, "world_size": 1,
+              "compile": False, "optimizer_name": "adamw", "optimizer_impl": "foreach"}  # fmt: skip
+    with RunStore.open() as store:
+        run_id = store.create_run(name="mlp-run", config=config, gpu_name="H100-SXM", gpu_count=1)
+        store.add_steps([
+            StepRecord(run_id=run_id, step=n, time_unix_s=float(n), step_s=3 * predicted_s,
+                       data_wait_s=0.0)
+            for n in range(1, 8)
+        ])  # fmt: skip
+    after = plan_json(run_cli, *common, "--from-run", run_id)
+    assert after["assumptions"]["learned_from"]["factor"] == pytest.approx(3.0, rel=1e-3)
+    assert after["estimates"][0]["compute_s"] == pytest.approx(3 * predicted_s, rel=1e-3)
+    assert "corrected" in after["estimates"][0]["efficiency_source"]
+    automatic = plan_json(run_cli, *common)  # the store holds a run of this fingerprint
+    assert automatic["assumptions"]["learned_from"]["runs"][0]["run_id"] == run_id
+    other = run_cli("plan", "--model", f"{model_file}:cnn", "--samples", "1e5",
+                    "--from-run", run_id)  # fmt: skip
+    assert other.code == 2 and "another model" in other.stderr

@@ -360,10 +360,12 @@ def plan_command(
     overrides = {"*": efficiency} if efficiency is not None else None
     if efficiency is not None and not 0.0 < efficiency <= 1.0:
         raise UserError("--efficiency must be in (0, 1]: a share of the dense peak")
+    if from_run is not None and workload.profile is None:
+        raise UserError("--from-run corrects a traced model: give --model FILE.py:FUNC too")
     result = make_plan(
         workload, constraints, catalog,
         efficiency_overrides=overrides, measured_matmul=_measured_matmul(),
-        measured_rates=_measured_rates(),
+        measured_rates=_measured_rates(), measured_runs=_measured_runs(workload, from_run),
     )  # fmt: skip
     if result.why_empty is not None:
         raise InfeasiblePlanError(result.why_empty)
