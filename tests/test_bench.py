@@ -316,8 +316,8 @@ def test_plan_prices_a_traced_model_with_the_measured_rates():
         assert after.compute_s - estimate.compute_s == pytest.approx(expected, rel=1e-6)
         assert after.compute_s > estimate.compute_s
     calibration = slow.best.breakdown["calibration"]
-    assert "cloudtrain bench on node7" in calibration["matmul bf16"]
-    assert "cloudtrain bench" not in base.best.breakdown["calibration"]["matmul bf16"]
+    assert "cloudtrain bench on node7" in calibration["matmul bf16"]["source"]
+    assert "cloudtrain bench" not in base.best.breakdown["calibration"]["matmul bf16"]["source"]
 
 
 def test_cli_plan_of_a_traced_model_uses_the_saved_bench(run_cli, tmp_path):
@@ -331,19 +331,20 @@ def test_cli_plan_of_a_traced_model_uses_the_saved_bench(run_cli, tmp_path):
     args = ("plan", "--model", f"{tmp_path / 'mlp.py'}:build", "--samples", "1e5",
             "--gpu", "H200", "--max-nodes", "1", "--json", "--top", "1")  # fmt: skip
 
-    def calibration() -> dict[str, str]:
+    def calibration() -> dict[str, dict[str, str]]:
         done = run_cli(*args)
         assert done.code == 0, done.stderr
         return json.loads(done.stdout)["estimates"][0]["breakdown"]["calibration"]
 
-    assert "cloudtrain bench" not in calibration()["matmul bf16"]
+    assert "cloudtrain bench" not in calibration()["matmul bf16"]["source"]
     result = h200_bench()
     bench._compare(result, load_catalog().gpu("H200"))
     with RunStore.open() as store:
         bench.save_bench(result, store)
     used = calibration()
-    assert used["matmul bf16"].startswith("H200 matmul bf16/any (cloudtrain bench on node7")
-    assert "cloudtrain bench on node7" in used["host"]
+    assert used["matmul bf16"]["row"] == "H200 matmul bf16/any"
+    assert used["matmul bf16"]["source"].startswith("cloudtrain bench on node7")
+    assert "cloudtrain bench on node7" in used["host any"]["source"]
 
 
 @pytest.mark.gpu

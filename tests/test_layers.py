@@ -10,18 +10,30 @@ import pytest
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "src" / "cloudtrain"
 
 # package -> the cloudtrain packages it may import (besides itself and the shared
-# base modules errors/paths). diagnose may use monitor: the doctor reads the GPU
+# base modules errors/paths). profiling (needs torch) hands plan its data types; the
+# Trainer fingerprints its model through it. diagnose may use monitor: the doctor reads the GPU
 # through monitor, which is the only package that talks to NVML.
 ALLOWED = {
     "catalog": set(),
     "store": set(),
     "plan": {"catalog"},
     "monitor": {"store", "catalog"},
-    "runtime": {"monitor", "store", "catalog"},
+    "profiling": {"plan"},
+    "runtime": {"monitor", "store", "catalog", "profiling"},
     "diagnose": {"store", "catalog", "monitor"},
     "report": {"store", "catalog", "diagnose"},
     "launch": {"runtime", "plan", "store", "catalog", "monitor"},
-    "cli": {"catalog", "store", "plan", "monitor", "runtime", "diagnose", "report", "launch"},
+    "cli": {
+        "catalog",
+        "store",
+        "plan",
+        "monitor",
+        "runtime",
+        "diagnose",
+        "report",
+        "launch",
+        "profiling",
+    },
 }
 BASE_MODULES = {"errors", "paths", "settings"}
 # third-party modules that only one package may import

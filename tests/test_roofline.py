@@ -219,3 +219,10 @@ def test_a_user_rates_file_overrides_the_bundled_row(tmp_path: Path):
     catalog = load_catalog([path], include_user=False, use_cache=False)
     table = rate_table(catalog.rates)
     assert table.lookup(catalog.gpu("H200"), "matmul", "bf16").compute_fraction == 0.33
+
+
+def test_a_zero_share_makes_the_kernel_infinitely_slow_not_a_crash():
+    zero = RATES.with_rows([rate("matmul", 0.0, 0.0, 1.0)])
+    line = Roofline(profile(op("matmul", 1e9, 1e6)), zero, StepOptions())
+    cost = line.op_cost(GPU, line.profile.ops[0], 1)
+    assert math.isinf(cost.seconds)

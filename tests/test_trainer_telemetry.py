@@ -114,6 +114,29 @@ def test_the_stored_config_is_what_was_resolved():
     assert "auto" not in {config[k] for k in ("precision", "compile", "channels_last")}
 
 
+def test_a_run_records_what_a_later_plan_learns_from():
+    """The stored fingerprint is the one `profile_model` gives the same model and batch,
+    so `cloudtrain plan --model` finds the run (plan/learned.py)."""
+    from cloudtrain.plan.learned import measured_run
+    from cloudtrain.profiling import profile_model
+
+    _, result = _fit(max_steps=6, log_every_steps=1)
+    with RunStore.open() as store:
+        run = store.get_run(result.run_id)
+        steps = store.steps(run.id)
+    config = run.config
+    x, y = tiny.dataset()[:8]
+    traced = profile_model(tiny.build_model(dropout=0.0), (x, y), tiny.plain_loss,
+                           precision=config["planner_precision"])  # fmt: skip
+    assert config["model_fingerprint"] == traced.fingerprint
+    assert config["planner_precision"] == "fp32"
+    assert config["optimizer_name"] == "adamw" and config["optimizer_impl"] == "foreach"
+    store_gpu = type(run)(**{**run.__dict__, "gpu_name": "H100-SXM"})  # as if on a GPU
+    measured = measured_run(store_gpu, steps)
+    assert measured is not None and measured.fingerprint == traced.fingerprint
+    assert measured.micro_batch == config["micro_batch_size"] and measured.step_s > 0
+
+
 def _on_gpu(store: RunStore, run_id: str, device_name: str):
     """The recorded run as if it had run on `device_name` (the config stays as recorded)."""
     store.update_run(run_id, gpu_name=device_name)

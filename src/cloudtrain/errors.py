@@ -12,6 +12,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 
+def first_line(error: BaseException) -> str:
+    """'TypeName: first line of the message', for errors of code that is not ours."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 class CloudtrainError(Exception):
     """Base of every error cloudtrain raises on purpose."""
 

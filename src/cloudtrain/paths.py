@@ -28,6 +28,11 @@ def user_catalog_dir() -> Path:
     return home_dir() / "catalog"
 
 
+def cache_dir() -> Path:
+    """Caches that can be rebuilt at any time (parsed catalogs, model profiles)."""
+    return home_dir() / "cache"
+
+
 def store_path() -> Path:
     """Default location of the run store."""
     return home_dir() / "store.db"

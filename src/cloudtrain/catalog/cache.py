@@ -19,6 +19,7 @@ from pathlib import Path
 from cloudtrain import __version__, paths
 from cloudtrain.catalog.sources import Source
 from cloudtrain.catalog.types import (
+    AchievableRate,
     Catalog,
     ExchangeRate,
     GPUSpec,
@@ -32,11 +33,20 @@ MIN_BYTES = 1_000_000
 """Catalogs whose sources total fewer bytes are parsed every time."""
 KEEP = 4
 """Cache files kept (the most recently used)."""
-_RECORDS = (GPUSpec, Offer, Region, GridIntensity, ProviderPUE, ExchangeRate, Catalog)
+_RECORDS = (
+    GPUSpec,
+    Offer,
+    Region,
+    GridIntensity,
+    ProviderPUE,
+    ExchangeRate,
+    AchievableRate,
+    Catalog,
+)
 
 
 def cache_dir() -> Path:
-    return paths.home_dir() / "cache"
+    return paths.cache_dir()
 
 
 def key_for(sources: Sequence[Source], kinds: Sequence[str]) -> str | None:

@@ -56,6 +56,22 @@ class GPUSpec:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
         return getattr(self, f"{dtype}_tflops")
 
+    def runs_as(self, dtype: str) -> str | None:
+        """The dtype whose peak `dtype` runs at here: itself, bf16 -> fp16 and tf32 ->
+        fp32 on GPUs without them; None when the GPU cannot run it (fp8 without fp8
+        units)."""
+        if self.peak_tflops(dtype):
+            return dtype
+        fallback = {"bf16": "fp16", "tf32": "fp32"}.get(dtype)
+        if fallback and self.peak_tflops(fallback):
+            return fallback
+        return None
+
+    def op_peak_tflops(self, dtype: str) -> float | None:
+        """The peak an op of `dtype` is measured against: that of `runs_as(dtype)`, else
+        the fp32 peak (an fp8 op on a GPU without fp8 units)."""
+        return self.peak_tflops(self.runs_as(dtype) or "fp32")
+
 
 @dataclass(frozen=True)
 class Offer:
@@ -163,8 +179,9 @@ class AchievableRate:
     as_of: str = ""
 
     @property
-    def label(self) -> str:
-        return f"{self.key} {self.kernel} {self.dtype}/{self.layout} ({self.source}, {self.as_of})"
+    def row(self) -> str:
+        """Which row: 'hopper matmul bf16/any'."""
+        return f"{self.key} {self.kernel} {self.dtype}/{self.layout}"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.errors import UserError
+from cloudtrain.errors import UserError, first_line
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,10 @@ def _import(spec: ModelSpec) -> Any:
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:  # the user's code: any error is theirs to see
-        raise UserError(f"{spec.path}: import failed: {_one_line(error)}") from None
+        raise UserError(f"{spec.path}: import failed: {first_line(error)}") from None
     finally:
         sys.path.pop(0)
     return module
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def build_model(spec: ModelSpec) -> tuple[Any, Any, Any]:
@@ -69,7 +64,7 @@ def build_model(spec: ModelSpec) -> tuple[Any, Any, Any]:
     try:
         built = function()
     except Exception as error:
-        raise UserError(f"{spec.label}() failed: {_one_line(error)}") from None
+        raise UserError(f"{spec.label}() failed: {first_line(error)}") from None
     if not isinstance(built, tuple) or len(built) not in (2, 3):
         raise UserError(
             f"{spec.label}() must return (model, batch) or (model, batch, loss_fn), "
@@ -102,7 +97,7 @@ def profile_from_file(
         raise UserError(f"{spec.label}: {error}") from None
     except Exception as error:
         raise UserError(
-            f"{spec.label}: the model could not be traced: {_one_line(error)}"
+            f"{spec.label}: the model could not be traced: {first_line(error)}"
         ) from None
 
 

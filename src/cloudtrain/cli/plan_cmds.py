@@ -74,22 +74,6 @@ def _model_workload(model: str, changes: dict[str, Any], channels_last: bool) ->
     return traced_workload(profile, global_batch=global_batch, epochs=epochs, **data, **values)
 
 
-def profile_summary(profile: Any) -> dict[str, Any]:
-    """What `--json` shows of a traced model (not its op list)."""
-    return {
-        "name": profile.name,
-        "fingerprint": profile.fingerprint,
-        "precision": profile.precision,
-        "channels_last": profile.channels_last,
-        "parameters": profile.parameters,
-        "ops": len(profile.ops),
-        "traced_on": profile.traced_on,
-        "flops_per_sample": profile.flops_per_sample(),
-        "activation_bytes_per_sample": profile.activation_bytes.per_sample,
-        "notes": list(profile.notes),
-    }
-
-
 def _print_explanation(result: Plan) -> None:
     """Where the chosen estimate's step time goes, by op class and by op."""
     best = result.best
@@ -101,7 +85,7 @@ def _print_explanation(result: Plan) -> None:
     data = best.breakdown
     rows = [
         [name, f"{entry['seconds'] * 1e3:,.2f}", f"{entry['share']:.0%}",
-         _calibration_for(name, data["calibration"])]
+         ", ".join(r["row"] for r in data["calibration"].values() if r["class"] == name)]
         for name, entry in data["by_class"].items()
     ]  # fmt: skip
     title = (
@@ -120,12 +104,6 @@ def _print_explanation(result: Plan) -> None:
                            right_align=["count", "ms", "share"]))  # fmt: skip
     for note in data["notes"]:
         out.print(f"Note: {note}.", highlight=False)
-
-
-def _calibration_for(op_class: str, calibration: dict[str, str]) -> str:
-    kinds = {"convolution": "conv"}.get(op_class, op_class)
-    used = [label for kind, label in calibration.items() if kind.startswith(kinds)]
-    return used[0].split(" (")[0] if used else "-"
 
 
 def _constraints(table: dict[str, Any], flags: dict[str, Any]) -> Constraints:
@@ -372,7 +350,7 @@ def plan_command(
     if as_json:
         shown = render.to_jsonable(result.top(top))
         if workload.profile is not None:
-            shown["workload"]["profile"] = profile_summary(workload.profile)
+            shown["workload"]["profile"] = workload.profile.summary()
         best = result.best
         render.print_json({**shown, "run_command": run_hint(best) if best else None})
     else:

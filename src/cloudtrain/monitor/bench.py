@@ -639,20 +639,10 @@ def _compare(result: BenchResult, spec: GPUSpec | None, rates: RateTable | None 
     result.anomalies.extend(find_anomalies(result, spec))
 
 
-def _peak_tflops(spec: GPUSpec, dtype: str) -> float | None:
-    """The dense peak the roofline divides an op of `dtype` by (with its fallbacks)."""
-    from cloudtrain.plan.roofline import _peak_flops
-
-    try:
-        return _peak_flops(spec, dtype) / 1e12
-    except ValueError:
-        return None
-
-
 def _kernel_fractions(result: BenchResult, spec: GPUSpec) -> dict[str, float]:
     """Measured shares of the peak (convolutions) and of the memory bandwidth (the rest)."""
     shares: dict[str, float] = {}
-    peak = _peak_tflops(spec, result.kernel_dtype or "fp32")
+    peak = spec.op_peak_tflops(result.kernel_dtype or "fp32")
     for layout, tflops in result.conv_tflops.items():
         if peak and tflops:
             shares[f"conv {layout}"] = significant(tflops / peak)
@@ -722,11 +712,11 @@ def bench_rates(
         )
 
     for dtype, best in result.matmul_best_tflops.items():
-        peak = _peak_tflops(spec, dtype)
+        peak = spec.op_peak_tflops(dtype)
         share = _share(best / peak) if peak and dtype in RATE_DTYPES else None
         if share is not None:
             add("matmul", dtype, compute=share, overhead_us=launch_us)
-    conv_peak = _peak_tflops(spec, result.kernel_dtype or "fp32")
+    conv_peak = spec.op_peak_tflops(result.kernel_dtype or "fp32")
     for layout, tflops in result.conv_tflops.items():
         share = _share(tflops / conv_peak) if conv_peak else None
         if share is not None and result.kernel_dtype:

@@ -16,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from cloudtrain.plan.workload import OPTIMIZERS
+
 WARMUP_RECORDS = 2
 """Logged steps skipped at the start of a run (compilation, allocator warm-up)."""
 
@@ -89,10 +91,16 @@ def measured_run(run: Any, steps: list[Any]) -> MeasuredRun | None:
         micro_batch=micro,
         accumulation_steps=max(1, global_batch // (micro * world)),
         compile=bool(config.get("compile")),
-        optimizer=str(config.get("optimizer_name") or "adamw"),
+        optimizer=_known_optimizer(config.get("optimizer_name")),
         optimizer_impl=str(config.get("optimizer_impl") or "foreach"),
         step_s=statistics.median(times),
     )
+
+
+def _known_optimizer(name: Any) -> str:
+    """A recorded optimizer's name as the planner prices it (AdamW for one it does not
+    know: a two-moment optimizer is the common case)."""
+    return str(name) if name in OPTIMIZERS else "adamw"
 
 
 def runs_in_store(store: Any, fingerprint: str, limit: int = 200) -> list[MeasuredRun]:

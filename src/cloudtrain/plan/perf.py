@@ -67,15 +67,8 @@ class Efficiency:
 
 
 def compute_dtype(workload: Workload, gpu: GPUSpec) -> str | None:
-    """The peak to use: the workload's precision, bf16 -> fp16 and tf32 -> fp32 on GPUs
-    without them; None when the GPU cannot run it (fp8 without fp8 units)."""
-    dtype = workload.precision
-    if gpu.peak_tflops(dtype):
-        return dtype
-    fallback = {"bf16": "fp16", "tf32": "fp32"}.get(dtype)
-    if fallback and gpu.peak_tflops(fallback):
-        return fallback
-    return None
+    """The peak a workload's precision runs at (see `GPUSpec.runs_as`)."""
+    return gpu.runs_as(workload.precision)
 
 
 def matmul_ceiling(gpu: GPUSpec) -> float:

@@ -161,6 +161,17 @@ class ModelProfile:
             totals[op.op_class] = totals.get(op.op_class, 0.0) + op.flops.at(batch) * op.count
         return totals
 
+    def summary(self) -> dict[str, Any]:
+        """What a plan shows of the profile (not its op list)."""
+        return {
+            "name": self.name, "fingerprint": self.fingerprint, "precision": self.precision,
+            "channels_last": self.channels_last, "parameters": self.parameters,
+            "ops": len(self.ops), "traced_on": self.traced_on,
+            "flops_per_sample": self.flops_per_sample(),
+            "activation_bytes_per_sample": self.activation_bytes.per_sample,
+            "notes": list(self.notes),
+        }  # fmt: skip
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["ops"] = [op.as_dict() for op in self.ops]

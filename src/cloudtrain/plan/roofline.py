@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from cloudtrain.catalog.rates import RateTable
+from cloudtrain.catalog.rates import KERNELS, RateTable
 from cloudtrain.catalog.types import AchievableRate, GPUSpec
 from cloudtrain.plan.learned import Correction
 from cloudtrain.plan.profile import ModelProfile, OpRecord
@@ -124,8 +124,8 @@ class StepBreakdown:
     """GPU seconds per op class (the optimizer as 'optimizer'; times the correction)."""
     top_ops: list[OpCost]
     """The most expensive ops over the whole step, most expensive first."""
-    rates_used: dict[str, str]
-    """Kernel kind -> the rate row it used."""
+    rates_used: dict[str, dict[str, str]]
+    """'kernel dtype' -> the op class, the rate row it used, the row's source and date."""
     flops: float
     """FLOPs executed (all micro-steps, incl. recomputation)."""
     notes: list[str] = field(default_factory=list)
@@ -141,13 +141,7 @@ def kernel_of(op: OpRecord) -> str:
         if op.groups > 1 and op.gemm is not None and op.gemm[1].at(1) <= 1.0:
             return "conv_depthwise"
         return "conv_grouped" if op.groups > 1 else "conv"
-    if op.op_class == "optimizer":
-        return "optimizer"
-    return (
-        op.op_class
-        if op.op_class in ("matmul", "attention", "reduction")
-        else ("data_movement" if op.op_class == "data_movement" else "elementwise")
-    )
+    return op.op_class if op.op_class in KERNELS else "elementwise"
 
 
 def rate_dtype(op: OpRecord, kernel: str, precision: str, options: StepOptions) -> str:
@@ -165,15 +159,23 @@ def rate_dtype(op: OpRecord, kernel: str, precision: str, options: StepOptions) 
 
 
 def _peak_flops(gpu: GPUSpec, dtype: str) -> float:
-    for candidate in (dtype, {"bf16": "fp16", "tf32": "fp32"}.get(dtype, dtype), "fp32"):
-        peak = gpu.peak_tflops(candidate)
-        if peak:
-            return peak * 1e12
-    raise ValueError(f"{gpu.name} has no fp32 peak in the catalog")
+    peak = gpu.op_peak_tflops(dtype)
+    if not peak:
+        raise ValueError(f"{gpu.name} has no fp32 peak in the catalog")
+    return peak * 1e12
+
+
+def _transfer_s(nbytes: float, gpu: GPUSpec, rate: AchievableRate) -> float:
+    """Seconds to move `nbytes` through device memory at the rate's share of its bandwidth."""
+    if not nbytes:
+        return 0.0
+    achieved = gpu.memory_bandwidth_gbps * 1e9 * rate.bandwidth_fraction
+    return nbytes / achieved if achieved else math.inf
 
 
 class Roofline:
-    """Prices a profile's ops on one GPU (cached per GPU, batch and options)."""
+    """Prices a profile's ops on any GPU (cached per GPU and batch: a Roofline is for one
+    set of options and one correction)."""
 
     def __init__(
         self,
@@ -189,7 +191,7 @@ class Roofline:
         """Measured / predicted from real runs of this model (plan/learned.py)."""
         self._cache: dict[tuple, tuple[float, float, float, dict[str, float], list[OpCost]]] = {}
         self._steps: dict[tuple, StepBreakdown] = {}
-        self._rates_used: dict[str, dict[str, str]] = {}
+        self._rates_used: dict[str, dict[str, dict[str, str]]] = {}
 
     def _rate(self, gpu: GPUSpec, op: OpRecord, kernel: str) -> tuple[str, AchievableRate]:
         dtype = rate_dtype(op, kernel, self.profile.precision, self.options)
@@ -209,10 +211,11 @@ class Roofline:
             count *= COMPILE_LAUNCHES_KEPT
             flops /= COMPILE_LAUNCHES_KEPT
             nbytes *= COMPILE_TRAFFIC_KEPT / COMPILE_LAUNCHES_KEPT
-        compute_s = flops / (_peak_flops(gpu, dtype) * rate.compute_fraction) if flops else 0.0
-        if rate.compute_fraction == 0 and flops:
-            compute_s = math.inf
-        memory_s = nbytes / (gpu.memory_bandwidth_gbps * 1e9 * rate.bandwidth_fraction)
+        compute_s = 0.0
+        if flops:
+            rate_flops = _peak_flops(gpu, dtype) * rate.compute_fraction
+            compute_s = flops / rate_flops if rate_flops else math.inf
+        memory_s = _transfer_s(nbytes, gpu, rate)
         launch_s = rate.overhead_us * 1e-6
         busy = max(compute_s, memory_s)
         bound = "launch" if launch_s > busy else ("compute" if compute_s >= memory_s else "memory")
@@ -262,8 +265,7 @@ class Roofline:
         else:
             per_param, launches = passes.pass_bytes, passes.ops * tensors
             host_ops = launches
-        nbytes = per_param * self.profile.parameters
-        gpu_s = nbytes / (gpu.memory_bandwidth_gbps * 1e9 * rate.bandwidth_fraction)
+        gpu_s = _transfer_s(per_param * self.profile.parameters, gpu, rate)
         gpu_s += launches * rate.overhead_us * 1e-6
         return gpu_s, host_ops * host_us * 1e-6
 
@@ -271,7 +273,7 @@ class Roofline:
         self, gpu: GPUSpec, micro_batch: int, accumulation: int = 1, *, recompute: bool = False
     ) -> StepBreakdown:
         """One optimizer step of `accumulation` micro-batches of `micro_batch` on one GPU."""
-        key = (gpu.name, micro_batch, accumulation, recompute, id(self.correction))
+        key = (gpu.name, micro_batch, accumulation, recompute)
         found = self._steps.get(key)
         if found is None:
             found = self._steps[key] = self._step(gpu, micro_batch, accumulation, recompute)
@@ -315,18 +317,22 @@ class Roofline:
             notes=notes,
         )
 
-    def rates_used(self, gpu: GPUSpec) -> dict[str, str]:
-        """Kernel kind and dtype -> the label of the rate row it uses on `gpu`."""
+    def rates_used(self, gpu: GPUSpec) -> dict[str, dict[str, str]]:
+        """'kernel dtype' -> the op class, rate row, source and date it uses on `gpu`."""
         if gpu.name not in self._rates_used:
             self._rates_used[gpu.name] = self._find_rates_used(gpu)
         return self._rates_used[gpu.name]
 
-    def _find_rates_used(self, gpu: GPUSpec) -> dict[str, str]:
-        used: dict[str, str] = {}
+    def _find_rates_used(self, gpu: GPUSpec) -> dict[str, dict[str, str]]:
+        used: dict[tuple[str, str], tuple[str, AchievableRate]] = {}
         for op in self.profile.ops:
             kernel = kernel_of(op)
             dtype, rate = self._rate(gpu, op, kernel)
-            used.setdefault(f"{kernel} {dtype}", rate.label)
-        used["optimizer"] = self.rates.lookup(gpu, "optimizer", "fp32").label
-        used["host"] = self.rates.lookup(gpu, "host", "any").label
-        return used
+            used.setdefault((kernel, dtype), (op.op_class, rate))
+        used["optimizer", "fp32"] = ("optimizer", self.rates.lookup(gpu, "optimizer", "fp32"))
+        used["host", "any"] = ("host", self.rates.lookup(gpu, "host", "any"))
+        return {
+            f"{kernel} {dtype}": {"class": op_class, "row": rate.row, "source": rate.source,
+                                  "as_of": rate.as_of}
+            for (kernel, dtype), (op_class, rate) in used.items()
+        }  # fmt: skip

@@ -32,7 +32,7 @@ from cloudtrain.plan.memory import (
 )
 from cloudtrain.plan.pricing import Candidate, price_estimate, site_factors
 from cloudtrain.plan.result import Constraints, Estimate, Plan
-from cloudtrain.plan.roofline import OPTIMIZER_PASSES, Roofline, StepBreakdown, StepOptions
+from cloudtrain.plan.roofline import Roofline, StepBreakdown, StepOptions
 from cloudtrain.plan.workload import Workload, model_flops_per_sample, steps_for
 
 STAGES = (
@@ -88,8 +88,7 @@ def plan(
     assumptions = assumptions or Assumptions()
     roofline = None
     if workload.profile is not None and not efficiency_overrides:
-        roofline = _roofline(workload, catalog, measured_matmul, measured_rates)
-        roofline.correction = _correction(roofline, catalog, measured_runs)
+        roofline = _roofline(workload, catalog, measured_matmul, measured_rates, measured_runs)
     context = _Context.build(workload, constraints, catalog, assumptions, roofline)
     efficiency = _efficiencies(workload, catalog, context, efficiency_overrides, measured_matmul)
     tally = Tally()
@@ -177,9 +176,10 @@ def _roofline(
     catalog: Catalog,
     measured_matmul: Mapping[str, Mapping[str, float]] | None,
     measured_rates: Sequence[AchievableRate],
+    measured_runs: Sequence[MeasuredRun],
 ) -> Roofline:
-    """The roofline of a traced workload over the catalog's achievable rates, with the
-    matmul shares `cloudtrain bench` measured on a GPU type over the catalog's."""
+    """The roofline of a traced workload over the catalog's achievable rates, with what
+    `cloudtrain bench` measured over them, corrected by recorded runs of the model."""
     rates: RateTable = rate_table(catalog.rates)
     measured_rows = []
     for name, fractions in (measured_matmul or {}).items():
@@ -200,25 +200,26 @@ def _roofline(
         tf32_conv=workload.tf32,
     )
     assert workload.profile is not None
-    return Roofline(workload.profile, rates, options)
+    uncorrected = Roofline(workload.profile, rates, options)
+    correction = _correction(uncorrected, catalog, measured_runs)
+    if correction is None:
+        return uncorrected
+    return Roofline(workload.profile, rates, options, correction)
 
 
 def _correction(
     roofline: Roofline, catalog: Catalog, runs: Sequence[MeasuredRun]
 ) -> Correction | None:
     """Measured / predicted over the runs of this very model on catalog GPUs."""
+    gpus = {gpu.name: gpu for gpu in catalog.gpus}
     triples = []
     for run in runs:
-        if run.fingerprint != roofline.profile.fingerprint:
-            continue
-        gpu = catalog.resolve_gpu(run.gpu) or next(
-            (g for g in catalog.gpus if g.name == run.gpu), None
-        )
-        if gpu is None:
+        gpu = gpus.get(run.gpu)  # runs record the canonical catalog name
+        if run.fingerprint != roofline.profile.fingerprint or gpu is None:
             continue
         options = replace(
-            roofline.options, compile=run.compile, optimizer_impl=run.optimizer_impl,
-            optimizer=run.optimizer if run.optimizer in OPTIMIZER_PASSES else "adamw",
+            roofline.options, compile=run.compile, optimizer=run.optimizer,
+            optimizer_impl=run.optimizer_impl,
         )  # fmt: skip
         as_run = Roofline(roofline.profile, roofline.rates, options)
         predicted = as_run.step(gpu, run.micro_batch, run.accumulation_steps).step_s
@@ -411,7 +412,7 @@ def _best_layout(
         )  # fmt: skip
         used = efficiency
         if step.breakdown is not None:
-            used = _roofline_efficiency(step.breakdown, peak)
+            used = _roofline_efficiency(step.breakdown, peak, context.roofline)
         if best is None or _preference(step.step_s, option) < _preference(
             best.step.step_s, best.memory
         ):
@@ -421,12 +422,14 @@ def _best_layout(
     return best
 
 
-def _roofline_efficiency(breakdown: StepBreakdown, peak_tflops: float) -> perf.Efficiency:
+def _roofline_efficiency(
+    breakdown: StepBreakdown, peak_tflops: float, roofline: Roofline | None
+) -> perf.Efficiency:
     """FLOPs executed / (step seconds x peak): what the roofline's step time amounts to."""
     value = breakdown.flops / (breakdown.step_s * peak_tflops * 1e12)
     source = "roofline over the traced ops"
-    if any(note.startswith("corrected") for note in breakdown.notes):
-        source += ", " + next(n for n in breakdown.notes if n.startswith("corrected"))
+    if roofline is not None and roofline.correction is not None:
+        source += f", corrected {roofline.correction.label}"
     return perf.Efficiency(round(value, 4), source)
 
 

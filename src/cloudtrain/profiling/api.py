@@ -45,7 +45,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from cloudtrain import paths
-from cloudtrain.errors import UserError
+from cloudtrain.errors import UserError, first_line
 from cloudtrain.plan.profile import PROFILE_VERSION, Affine, ModelProfile, OpRecord, merge_ops
 from cloudtrain.profiling.emulate import CudaEmulation
 from cloudtrain.profiling.tracer import RawOp, Recorder
@@ -103,7 +103,6 @@ def profile_model(
     *,
     precision: str = "bf16",
     channels_last: bool = False,
-    optimizer: Any = None,
     name: str | None = None,
     device: str = "auto",
     cache: bool = True,
@@ -114,8 +113,8 @@ def profile_model(
     sharing a leading batch dimension. `loss_fn(model, batch)` returns the loss; without
     one the model is called as model(batch) / model(*batch) / model(**batch) and the loss
     is taken from its output (`.loss`, ['loss'], a tensor's mean, a tuple's first item).
-    `optimizer` (a name, an optimizer class or instance) is recorded in `extra` for the
-    planner; the optimizer step itself is not traced.
+    The optimizer step is not traced: the planner prices it from the parameters and
+    the workload's optimizer.
     """
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: trace the module
     if not isinstance(model, nn.Module):
@@ -137,42 +136,17 @@ def profile_model(
     )
     display = name or type(model).__name__
     key = _cache_key(fingerprint, batch, loss_fn, device)
-    extra_now = {"optimizer": _optimizer_info(optimizer)} if optimizer is not None else {}
     if cache:
         cached = _load_cached(key)
         if cached is not None:
-            extra = {**cached.extra, **extra_now, "traced": False}  # the call's optimizer
-            return replace(cached, name=display, extra=extra)
+            return replace(cached, name=display, extra={**cached.extra, "traced": False})
 
     global TRACE_COUNT
     start = time.perf_counter()
-    attempts: dict[str, str] = {}
-    result = None
-    last_error: Exception | None = None
     order = ("fake-cuda", "meta", "cpu") if device == "auto" else (device,)
-    for where in order:
-        reason = _skip_reason(where, model)
-        if reason is not None:
-            attempts[where] = f"skipped: {reason}"
-            continue
-        try:
-            result = _trace_paired(where, model, batch, loss_fn, precision, channels_last)
-        except _StepError:
-            raise
-        except Exception as exc:
-            attempts[where] = f"failed: {_one_line(exc)}"
-            last_error = exc
-            continue
-        attempts[where] = "ok"
-        traced_on = where
-        break
-    if result is None:
-        if last_error is None:
-            raise UserError(f"{display}: no tracer could run ({_attempts_text(attempts)})")
-        raise UserError(
-            f"{display}: the training step failed on the batch "
-            f"({_describe_batch(batch)}): {_one_line(last_error)}"
-        )
+    traced_on, result, attempts = _trace_first_working(
+        order, display, model, batch, loss_fn, precision, channels_last
+    )
     TRACE_COUNT += 1
     records, activation, batches, recorders, notes = result
     unknown = {op: n for rec in recorders for op, n in rec.unknown.items()}
@@ -192,7 +166,6 @@ def profile_model(
         "dropped_view_ops": recorders[-1].dropped,
         "torch": torch.__version__,
         "tracer_version": TRACER_VERSION,
-        **extra_now,
     }
     profile = ModelProfile(
         name=display,
@@ -212,10 +185,45 @@ def profile_model(
         version=PROFILE_VERSION,
         extra=extra,
     )
-    if cache:  # without the optimizer: it belongs to the call, not to the model
-        stored = {k: v for k, v in extra.items() if k != "optimizer"}
-        _store_cached(key, replace(profile, extra=stored))
+    if cache:
+        _store_cached(key, profile)
     return profile
+
+
+def _trace_first_working(
+    order: tuple[str, ...],
+    display: str,
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Any,
+    precision: str,
+    channels_last: bool,
+) -> tuple[str, tuple, dict[str, str]]:
+    """(where, trace, what each place said) of the first place in `order` that traces
+    the step; UserError when none does."""
+    attempts: dict[str, str] = {}
+    last_error: Exception | None = None
+    for where in order:
+        reason = _skip_reason(where, model)
+        if reason is not None:
+            attempts[where] = f"skipped: {reason}"
+            continue
+        try:
+            result = _trace_paired(where, model, batch, loss_fn, precision, channels_last)
+        except _StepError:
+            raise
+        except Exception as exc:
+            attempts[where] = f"failed: {first_line(exc)}"
+            last_error = exc
+            continue
+        attempts[where] = "ok"
+        return where, result, attempts
+    if last_error is None:
+        raise UserError(f"{display}: no tracer could run ({_attempts_text(attempts)})")
+    raise UserError(
+        f"{display}: the training step failed on the batch "
+        f"({_describe_batch(batch)}): {first_line(last_error)}"
+    )
 
 
 # -- batches ------------------------------------------------------------------------
@@ -357,7 +365,9 @@ def _copy_model(model: nn.Module, place: _Place, channels_last: bool) -> nn.Modu
     try:
         copied = copy.deepcopy(model, memo)
     except Exception as exc:
-        raise RuntimeError(f"the model cannot be copied (copy.deepcopy: {_one_line(exc)})") from exc
+        raise RuntimeError(
+            f"the model cannot be copied (copy.deepcopy: {first_line(exc)})"
+        ) from exc
     if channels_last:
         copied = copied.to(memory_format=torch.channels_last)
     return copied.train()
@@ -558,27 +568,9 @@ def _parameter_counts(model: nn.Module) -> tuple[int, int, int]:
     return trainable, tensors, frozen
 
 
-def _optimizer_info(optimizer: Any) -> dict[str, Any]:
-    if isinstance(optimizer, str):
-        return {"name": optimizer.lower()}
-    if isinstance(optimizer, type):
-        return {"name": optimizer.__name__.lower()}
-    info: dict[str, Any] = {"name": type(optimizer).__name__.lower()}
-    defaults = getattr(optimizer, "defaults", {}) or {}
-    if defaults.get("fused"):
-        info["impl"] = "fused"
-    elif defaults.get("foreach") is False:
-        info["impl"] = "plain"
-    elif defaults.get("foreach"):
-        info["impl"] = "foreach"
-    return info
-
-
 def cache_dir() -> Path:
     """Where profiles are cached: <cloudtrain cache>/profiles."""
-    root = getattr(paths, "cache_dir", None)
-    base = Path(root()) if callable(root) else paths.home_dir() / "cache"
-    return base / "profiles"
+    return paths.cache_dir() / "profiles"
 
 
 def _callable_id(fn: Any) -> str:
@@ -634,12 +626,6 @@ def _store_cached(key: str, profile: ModelProfile) -> None:
 
 
 # -- text ---------------------------------------------------------------------------
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:300]
 
 
 def _attempts_text(attempts: dict[str, str]) -> str:

@@ -9,8 +9,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from cloudtrain.plan.workload import OPTIMIZERS
-
 
 def planner_precision(name: str, tf32: bool) -> str | None:
     """The planner's precision for a Trainer precision ('fp32' with TF32 is 'tf32');
@@ -23,7 +21,8 @@ def planner_precision(name: str, tf32: bool) -> str | None:
 
 
 def optimizer_facts(optimizer: torch.optim.Optimizer) -> dict[str, str]:
-    """The optimizer's name as the planner knows it and its implementation."""
+    """The optimizer's name (lower case; the planner reads names it knows) and its
+    implementation."""
     name = type(optimizer).__name__.lower()
     defaults = optimizer.defaults
     if defaults.get("fused"):
@@ -32,7 +31,7 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> dict[str, str]:
         impl = "plain"
     else:
         impl = "foreach"
-    return {"optimizer_name": name if name in OPTIMIZERS else "other", "optimizer_impl": impl}
+    return {"optimizer_name": name, "optimizer_impl": impl}
 
 
 def planner_facts(
