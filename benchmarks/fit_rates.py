@@ -9,7 +9,8 @@ the fit has not seen.
 
     .venv/bin/python benchmarks/fit_rates.py [--gpu RTX-3090] [--holdout] [--write]
 
-`--write` prints the fitted rows in achievable.csv's format.
+`--write` prints the fitted rows in achievable.csv's format: only those some case
+exercises (a row no measured op looks up keeps the default).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from cloudtrain.plan.roofline import Roofline, StepOptions
 KEYS = {"RTX-3090": "8.6", "H200": "hopper"}
 """The rate key each GPU's cases are fitted under (its compute capability or architecture)."""
 PARAMETERS = {
-    # (kernel, dtype, layout): the fields fitted
-    ("matmul", "fp16", "any"): ("compute_fraction", "overhead_us"),
-    ("matmul", "bf16", "any"): ("compute_fraction", "overhead_us"),
+    # (kernel, dtype, layout): the fields fitted. 16-bit matmuls (bf16, fp16) run on the
+    # same tensor cores at the same peak: one row, dtype 'any', serves both.
+    ("matmul", "any", "any"): ("compute_fraction", "overhead_us"),
     ("matmul", "tf32", "any"): ("compute_fraction",),
     ("matmul", "fp32", "any"): ("compute_fraction",),
     ("conv", "any", "nchw"): ("compute_fraction", "overhead_us"),
@@ -73,18 +74,30 @@ class Fit:
     def __init__(self, cases, profiles, gpu, base: RateTable) -> None:
         self.cases, self.profiles, self.gpu, self.base = cases, profiles, gpu, base
 
+    def roofline(self, case, table: RateTable) -> Roofline:
+        options = StepOptions(
+            compile=case.compile, optimizer=case.optimizer, optimizer_impl=case.optimizer_impl,
+            tf32_matmul=case.tf32, tf32_conv=case.tf32,
+        )  # fmt: skip
+        return Roofline(self.profiles[id(case)], table, options)
+
     def errors(self, rows: dict[tuple, AchievableRate], cases=None) -> list[float]:
         table = self.base.with_rows(rows.values())
         out = []
         for case in cases or self.cases:
-            options = StepOptions(
-                compile=case.compile, optimizer=case.optimizer,
-                optimizer_impl=case.optimizer_impl, tf32_matmul=case.tf32, tf32_conv=case.tf32,
-            )  # fmt: skip
-            line = Roofline(self.profiles[id(case)], table, options)
-            predicted = line.step(self.gpu, case.batch).step_s
+            predicted = self.roofline(case, table).step(self.gpu, case.batch).step_s
             out.append(math.log(predicted / case.measured_step_s))
         return out
+
+    def exercised(self, rows: dict[tuple, AchievableRate]) -> list[AchievableRate]:
+        """The fitted rows some case's ops look up (the others were never tested)."""
+        table = self.base.with_rows(rows.values())
+        used = {
+            entry["row"]
+            for case in self.cases
+            for entry in self.roofline(case, table).rates_used(self.gpu).values()
+        }
+        return [row for row in rows.values() if row.row in used]
 
     def loss(self, rows) -> float:
         return statistics.fmean(abs(e) for e in self.errors(rows))
@@ -107,6 +120,47 @@ class Fit:
         return rows
 
 
+def default_rows(rates: list[AchievableRate]) -> list[AchievableRate]:
+    """Rows for GPUs without fitted ones: per (kernel, dtype, layout), the geometric mean
+    of each field over the fitted architecture keys that have that row."""
+    fitted = [r for r in rates if r.key in KEYS.values()]  # not one machine's own rows
+    groups: dict[tuple[str, str, str], list[AchievableRate]] = {}
+    for row in fitted:
+        groups.setdefault((row.kernel, row.dtype, row.layout), []).append(row)
+    for kernel in {row.kernel for row in fitted}:  # every kernel kind gets an any/any row
+        if (kernel, "any", "any") not in groups:
+            groups[kernel, "any", "any"] = [r for r in fitted if r.kernel == kernel]
+    today = dt.date.today().isoformat()
+    out = []
+    for (kernel, dtype, layout), rows in groups.items():
+        keys = " and ".join(sorted({r.key for r in rows}))
+        means = {
+            field: round(statistics.geometric_mean([max(getattr(r, field), 1e-6) for r in rows]), 4)
+            for field in ("compute_fraction", "bandwidth_fraction", "overhead_us")
+        }
+        out.append(AchievableRate(
+            "default", kernel, dtype, layout, **means,
+            source=f"geometric mean of the fitted {keys} rows (benchmarks/fit_rates.py --defaults)",
+            as_of=today,
+        ))  # fmt: skip
+    return out
+
+
+def csv_line(r: AchievableRate) -> str:
+    cells = (
+        r.key,
+        r.kernel,
+        r.dtype,
+        r.layout,
+        f"{r.compute_fraction:.4g}",
+        f"{r.bandwidth_fraction:.4g}",
+        f"{r.overhead_us:.4g}",
+        f'"{r.source}"',
+        r.as_of,
+    )
+    return ",".join(cells)  # fmt: skip
+
+
 def describe(errors: list[float]) -> dict[str, float]:
     ratios = [abs(math.exp(e) - 1.0) for e in errors]
     return {"cases": len(ratios), "median_abs_error": statistics.median(ratios),
@@ -119,8 +173,15 @@ def main() -> None:
     parser.add_argument("--holdout", action="store_true", help="fit on half the models")
     parser.add_argument("--write", action="store_true", help="print the fitted CSV rows")
     parser.add_argument("--sweeps", type=int, default=3, help="coordinate-descent sweeps")
+    parser.add_argument(
+        "--defaults", action="store_true", help="print 'default' rows from the fitted rows"
+    )
     args = parser.parse_args()
     catalog = load_catalog(include_user=False)
+    if args.defaults:
+        for row in default_rows(catalog.rates):
+            print(csv_line(row))
+        return
     base = rate_table(catalog.rates)
     results = {}
     for gpu_name in args.gpu or list(KEYS):
@@ -138,19 +199,8 @@ def main() -> None:
             results[gpu.name]["held_out"] = describe(fit.errors(rows, test))
         print(gpu.name, results[gpu.name])
         if args.write:
-            for r in rows.values():
-                cells = (
-                    r.key,
-                    r.kernel,
-                    r.dtype,
-                    r.layout,
-                    f"{r.compute_fraction:.4g}",
-                    f"{r.bandwidth_fraction:.4g}",
-                    f"{r.overhead_us:.4g}",
-                    r.source,
-                    r.as_of,
-                )
-                print(",".join(cells))
+            for r in fit.exercised(rows):
+                print(csv_line(r))
     write_result("fit_rates", {"holdout": args.holdout, "results": results})
 
 

@@ -163,7 +163,7 @@ def test_rate_rows_from_a_bench_on_a_catalog_gpu():
     by_kind = {(r.kernel, r.dtype, r.layout): r for r in rows}
     assert set(by_kind) == {
         ("matmul", "bf16", "any"), ("matmul", "fp32", "any"), ("matmul", "fp8", "any"),
-        ("conv", "bf16", "nchw"), ("conv", "bf16", "nhwc"), ("conv_depthwise", "any", "any"),
+        ("conv", "bf16", "nchw"), ("conv", "bf16", "nhwc"), ("conv_depthwise", "any", "nchw"),
         ("elementwise", "any", "any"), ("reduction", "any", "any"),
         ("data_movement", "any", "any"), ("host", "any", "any"),
     }  # fmt: skip
@@ -177,7 +177,7 @@ def test_rate_rows_from_a_bench_on_a_catalog_gpu():
     assert by_kind["matmul", "fp8", "any"].compute_fraction == 1.0  # 2500 / 1979, clipped
     assert by_kind["conv", "bf16", "nchw"].compute_fraction == 0.3033  # 300 / 989
     assert by_kind["conv", "bf16", "nhwc"].compute_fraction == 0.455  # 450 / 989
-    assert by_kind["conv_depthwise", "any", "any"].bandwidth_fraction == 0.5  # 2400 / 4800
+    assert by_kind["conv_depthwise", "any", "nchw"].bandwidth_fraction == 0.5  # 2400 / 4800
     assert by_kind["elementwise", "any", "any"].bandwidth_fraction == 0.875  # 4200 / 4800
     assert by_kind["reduction", "any", "any"].bandwidth_fraction == 0.75  # 3600 / 4800
     assert by_kind["data_movement", "any", "any"].bandwidth_fraction == 0.8333  # 4000 / 4800

@@ -55,3 +55,25 @@ def test_sampler_overhead_names_the_cost_of_each_nvml_reading(tmp_path):
     assert "nvmlDeviceGetName" not in costs
     cpu_ms = [cost["cpu_ms"] for cost in costs.values()]
     assert all(ms >= 0 for ms in cpu_ms) and cpu_ms == sorted(cpu_ms, reverse=True)
+
+
+@pytest.mark.slow
+def test_validate_planner_traces_cases_and_writes_the_tables(tmp_path):
+    """The validation pipeline (trace a zoo model, plan it, compare) on its first cases."""
+    md, out = tmp_path / "validation.md", tmp_path / "validation.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "validate_planner.py"), "--limit", "2",
+         "--out-md", str(md), "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 7  # the published LLM runs
+    traced = result["traced"]
+    assert [row["case"] for row in traced] == ["resnet18", "resnet34"]
+    for row in traced:
+        assert row["predicted_s"] > 0 and row["error"] == pytest.approx(
+            row["predicted_s"] / row["measured_s"] - 1
+        )
+    text = md.read_text()
+    assert "# Step time of traced models" in text and "| resnet34 |" in text

@@ -160,3 +160,18 @@ def test_a_recorded_run_of_the_same_model_corrects_the_plan(run_cli, model_file)
     other = run_cli("plan", "--model", f"{model_file}:cnn", "--samples", "1e5",
                     "--from-run", run_id)  # fmt: skip
     assert other.code == 2 and "another model" in other.stderr
+
+
+def test_the_readme_example_plans_gpt2_from_its_definition(run_cli):
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    data = plan_json(
+        run_cli, "--model", f"{examples / 'plan_models.py'}:gpt2", "--tokens", "10e9",
+        "--global-batch", "512", "--gpu", "H100-SXM", "--top", "1",
+    )  # fmt: skip
+    profile = data["workload"]["profile"]
+    assert 123e6 < profile["parameters"] < 126e6  # GPT-2 small, head tied to the embedding
+    assert profile["traced_on"] == "meta"
+    assert data["workload"]["seq_len"] == 1024
+    best = data["estimates"][0]
+    assert {"matmul", "attention", "optimizer"} <= set(best["breakdown"]["by_class"])
+    assert best["tokens_per_s_per_gpu"] > 0

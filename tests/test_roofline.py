@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,20 @@ def test_a_zero_share_makes_the_kernel_infinitely_slow_not_a_crash():
     line = Roofline(profile(op("matmul", 1e9, 1e6)), zero, StepOptions())
     cost = line.op_cost(GPU, line.profile.ops[0], 1)
     assert math.isinf(cost.seconds)
+
+
+def test_a_traced_workload_fits_memory_by_its_traced_activations():
+    from cloudtrain.plan import traced_workload
+    from cloudtrain.plan.memory import FRAMEWORK_OVERHEAD_GIB, GIB, memory_fit
+
+    traced = replace(
+        profile(params=1_000_000),
+        activation_bytes=Affine(2 * GIB, 0.5 * GIB),  # 2 GiB whatever the batch + 0.5 per sample
+    )
+    workload = traced_workload(traced, global_batch=64, samples_per_epoch=1e6)
+    fit = memory_fit(workload, memory_gib=80, gpus=1, sharding="ddp", recompute=False)
+    states_gib = 1_000_000 * 16 / GIB  # bf16 AdamW: 16 bytes per parameter
+    assert fit.activations_gib_per_sample == pytest.approx(0.5)
+    assert fit.overhead_gib == pytest.approx(FRAMEWORK_OVERHEAD_GIB + 2.0)
+    usable = 80 * 0.9 - states_gib - FRAMEWORK_OVERHEAD_GIB - 2.0
+    assert fit.max_micro_batch == math.floor(usable / 0.5)

@@ -11,6 +11,7 @@ all).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from cloudtrain.catalog import csvdata as cd
@@ -84,21 +85,18 @@ class RateTable:
         raise KeyError(f"no achievable rate for {kernel} {dtype} on {gpu.name} (not even default)")
 
 
-_BUNDLED: list[RateTable] = []
-
-
 def rate_table(rows: Iterable[AchievableRate]) -> RateTable:
     """A table of `rows`, or of the bundled achievable.csv when there are none (a catalog
     built by hand)."""
     rows = list(rows)
-    if rows:
-        return RateTable(rows)
-    if not _BUNDLED:
-        from cloudtrain.catalog.loader import load_catalog
+    return RateTable(rows) if rows else _bundled_table()
 
-        bundled = load_catalog(include_user=False, kinds=("achievable",), use_cache=False)
-        _BUNDLED.append(RateTable(bundled.rates))
-    return _BUNDLED[0]
+
+@functools.cache
+def _bundled_table() -> RateTable:
+    from cloudtrain.catalog.loader import load_catalog
+
+    return RateTable(load_catalog(include_user=False, kinds=("achievable",), use_cache=False).rates)
 
 
 def _keys_of(gpu: GPUSpec) -> tuple[str, ...]:

@@ -85,7 +85,8 @@ def _print_explanation(result: Plan) -> None:
     data = best.breakdown
     rows = [
         [name, f"{entry['seconds'] * 1e3:,.2f}", f"{entry['share']:.0%}",
-         ", ".join(r["row"] for r in data["calibration"].values() if r["class"] == name)]
+         ", ".join(dict.fromkeys(
+             r["row"] for r in data["calibration"].values() if r["class"] == name))]
         for name, entry in data["by_class"].items()
     ]  # fmt: skip
     title = (

@@ -722,15 +722,15 @@ def bench_rates(
         if share is not None and result.kernel_dtype:
             add("conv", result.kernel_dtype, layout, compute=share)
     bandwidth = spec.memory_bandwidth_gbps
-    for kernel, value, overhead in (
-        ("conv_depthwise", result.depthwise_gb_per_s, None),
-        ("elementwise", result.elementwise_gb_per_s, launch_us),
-        ("reduction", result.reduction_gb_per_s, launch_us),
-        ("data_movement", result.memory_gb_per_s, launch_us),
+    for kernel, layout, value, overhead in (
+        ("conv_depthwise", "nchw", result.depthwise_gb_per_s, None),  # measured in NCHW
+        ("elementwise", "any", result.elementwise_gb_per_s, launch_us),
+        ("reduction", "any", result.reduction_gb_per_s, launch_us),
+        ("data_movement", "any", result.memory_gb_per_s, launch_us),
     ):
         share = _share(value / bandwidth) if value and bandwidth else None
         if share is not None:
-            add(kernel, "any", bandwidth=share, overhead_us=overhead)
+            add(kernel, "any", layout, bandwidth=share, overhead_us=overhead)
     if result.host_op_us and result.host_op_us > 0 and math.isfinite(result.host_op_us):
         add("host", "any", overhead_us=result.host_op_us)
     return rows

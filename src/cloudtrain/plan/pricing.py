@@ -121,9 +121,6 @@ def price_estimate(
     )
 
 
-TOP_OPS_SHOWN = 8
-
-
 def breakdown_dict(breakdown: StepBreakdown) -> dict[str, Any]:
     """The JSON-able form of a roofline step: time by op class, top ops, rates used."""
     total = sum(breakdown.by_class_s.values()) or 1.0
@@ -137,7 +134,7 @@ def breakdown_dict(breakdown: StepBreakdown) -> dict[str, Any]:
             "seconds": cost.seconds, "share": cost.seconds / total, "bound": cost.bound,
             "shape": cost.shape,
         }
-        for cost in breakdown.top_ops[:TOP_OPS_SHOWN]
+        for cost in breakdown.top_ops
     ]  # fmt: skip
     return {
         "by_class": by_class,

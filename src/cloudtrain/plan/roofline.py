@@ -48,6 +48,8 @@ from cloudtrain.plan.profile import ModelProfile, OpRecord
 OPTIMIZER_IMPLS = ("fused", "foreach", "plain")
 COMPILE_TRAFFIC_KEPT = 0.45
 COMPILE_LAUNCHES_KEPT = 0.25
+TOP_OPS = 8
+"""Ops a breakdown lists by name (the most expensive)."""
 FOREACH_CHUNK = 48
 """Tensors one foreach kernel takes (PyTorch's multi_tensor_apply: 24-110 by depth)."""
 
@@ -294,7 +296,7 @@ class Roofline:
         scale = accumulation * factor
         top = [
             replace(c, seconds=c.seconds * scale, count=c.count * accumulation)
-            for c in sorted(costs, key=lambda c: c.seconds, reverse=True)[:10]
+            for c in sorted(costs, key=lambda c: c.seconds, reverse=True)[:TOP_OPS]
         ]
         notes = []
         if host_s > gpu_s:
