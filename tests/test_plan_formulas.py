@@ -313,3 +313,24 @@ def test_workload_file(tmp_path):
         load_workload_file(path)
     path.write_text('[workload]\npreset = "resnet50"\nepochs = 10\n')
     assert load_workload_file(path)[0].total_samples == pytest.approx(12_811_670)
+
+
+@pytest.mark.slow
+def test_bert_preset_counts_its_tied_decoder_as_a_traced_bert_does():
+    """BERT's MLM decoder reuses the word embedding: a 768 x 30522 matmul on every token
+    that 6N must include (before: 20% fewer FLOPs than a traced BERT-base)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import zoo
+    from cloudtrain.profiling import profile_model
+
+    spec = zoo.MODELS["bert-base"]
+    with torch.device("meta"):
+        model = spec.build()
+    traced = profile_model(model, zoo.example_batch(spec, 2, device="meta"), zoo.loss_fn(spec))
+    per_token = traced.flops_per_sample() / 512
+    assert flops_per_token(preset("bert-base")) == pytest.approx(per_token, rel=0.03)
