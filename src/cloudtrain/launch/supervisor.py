@@ -62,6 +62,12 @@ TORCHRUN_MODULE = "cloudtrain.launch._torchrun"
 """torchrun (torch.distributed.run) minus the traceback on a stop signal; see that module."""
 
 
+TEARDOWN_S = 1.0
+"""Seconds from the workers' exit to torchrun's (its agent shutting down, the workers'
+interpreters exiting): 0.5 s measured after a budget stop on a 2-core machine, where a
+budget that left no room for it was overshot by that much."""
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """A supervised run. Validated at construction; every None says what it means."""
@@ -266,10 +272,11 @@ class Supervisor:
         return 0.0 if price is None else price * seconds / 3600.0
 
     def _over_budget(self, elapsed_s: float) -> bool:
-        """Would spend exceed the budget by the next check plus the grace period?"""
+        """Would spend exceed the budget by the next check, the grace period and torchrun's
+        teardown?"""
         if self.spec.budget_usd is None:
             return False
-        ahead_s = elapsed_s + self.spec.poll_s + self.spec.grace_s
+        ahead_s = elapsed_s + self.spec.poll_s + self.spec.grace_s + TEARDOWN_S
         return self.spent_usd + self._spend(ahead_s) > self.spec.budget_usd
 
     # -- one attempt --------------------------------------------------------------
